@@ -1,0 +1,34 @@
+"""Shared building blocks. Models compose these; a paper's own layer lives in its model file."""
+
+from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention
+from vitlab.layers.block import Block
+from vitlab.layers.drop_path import DropPath, drop_path
+from vitlab.layers.layer_scale import LayerScale
+from vitlab.layers.mlp import Mlp
+from vitlab.layers.patch_embed import PatchEmbed, UnfoldPatchEmbed, check_image, patchify, to_2tuple, unpatchify
+from vitlab.layers.pos_embed import (
+    learned_position_embedding,
+    sincos_1d_position_embedding,
+    sincos_2d_position_embedding,
+)
+
+__all__ = [
+    "Attention",
+    "Block",
+    "DropPath",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "UnfoldPatchEmbed",
+    "check_heads",
+    "check_image",
+    "drop_path",
+    "explicit_attention",
+    "fused_attention",
+    "learned_position_embedding",
+    "patchify",
+    "sincos_1d_position_embedding",
+    "sincos_2d_position_embedding",
+    "to_2tuple",
+    "unpatchify",
+]

@@ -1,0 +1,69 @@
+"""The pre-norm transformer encoder block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from vitlab.layers.attention import Attention
+from vitlab.layers.drop_path import DropPath
+from vitlab.layers.layer_scale import LayerScale
+from vitlab.layers.mlp import Mlp
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block (ViT, DeiT, and with ``init_values`` the LayerScale block).
+
+    Args:
+        dim: token width ``C``.
+        num_heads: attention heads.
+        mlp_ratio: MLP hidden width over ``C`` (4 in ViT, 3 in DeepViT and T2T-ViT).
+        init_values: if set, a :class:`LayerScale` after each branch (CaiT).
+        attn: an attention module to use instead of :class:`Attention` (a paper's own
+            attention, e.g. DeepViT's re-attention); it must map (B, N, C) -> (B, N, C)
+            and accept ``return_attn``.
+        act_layer: MLP activation.
+        norm_eps: LayerNorm epsilon (1e-6 in ViT's JAX code and timm).
+
+    Shape: x (B, N, C) -> (B, N, C).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        attn: nn.Module | None = None,
+        act_layer: type[nn.Module] = nn.GELU,
+        norm_eps: float = 1e-6,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = attn if attn is not None else Attention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused=fused_attn
+        )
+        self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, C) -> (B, N, C) [, attn (B, h, N, N) when ``return_attn``]."""
+        attn_map = None
+        if return_attn:
+            y, attn_map = self.attn(self.norm1(x), return_attn=True)
+        else:
+            y = self.attn(self.norm1(x))
+        x = x + self.drop_path1(self.ls1(y))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        if return_attn:
+            return x, attn_map
+        return x

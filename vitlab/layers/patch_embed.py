@@ -1,0 +1,140 @@
+"""Cut an image into P x P patches and project each one to a D-dimensional token.
+
+Two equivalent implementations: a stride-P convolution (what timm and the JAX code use)
+and an explicit unfold + linear layer (what the paper describes). With the same weights
+they give the same tokens; ``tests/test_layers.py`` proves it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+
+def to_2tuple(x: int | tuple[int, int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def check_image(
+    x: Tensor,
+    *,
+    in_chans: int,
+    patch_size: tuple[int, int],
+    img_size: tuple[int, int] | None = None,
+) -> None:
+    """Raise a ``ValueError`` naming expected and actual values if ``x`` does not fit.
+
+    Shape: x (B, C, H, W).
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"expected images as a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != 4:
+        raise ValueError(f"expected images of shape (B, C, H, W), got a {x.ndim}-D tensor {tuple(x.shape)}")
+    _, C, H, W = x.shape
+    if C != in_chans:
+        raise ValueError(f"expected {in_chans} input channels, got {C} (image shape {tuple(x.shape)})")
+    if H % patch_size[0] or W % patch_size[1]:
+        raise ValueError(
+            f"image size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}"
+        )
+    if img_size is not None and (H, W) != tuple(img_size):
+        raise ValueError(
+            f"expected image size {img_size[0]}x{img_size[1]} (the position embeddings are built "
+            f"for it), got {H}x{W}"
+        )
+
+
+def patchify(images: Tensor, patch_size: int) -> Tensor:
+    """Cut images into flattened patches in row-major patch order, pixels ``(p1 p2 c)``.
+
+    This is a reshape: ``H*W*C == N * P*P*C`` values before and after (ERRATA 18).
+
+    Shape: images (B, C, H, W) -> (B, N, P*P*C), N = (H/P)(W/P).
+    """
+    return rearrange(images, "B C (h p1) (w p2) -> B (h w) (p1 p2 C)", p1=patch_size, p2=patch_size)
+
+
+def unpatchify(patches: Tensor, patch_size: int, grid_size: tuple[int, int]) -> Tensor:
+    """Inverse of :func:`patchify`. Shape: (B, N, P*P*C) -> (B, C, H, W)."""
+    gh, gw = grid_size
+    return rearrange(patches, "B (h w) (p1 p2 C) -> B C (h p1) (w p2)", h=gh, w=gw, p1=patch_size, p2=patch_size)
+
+
+class PatchEmbed(nn.Module):
+    """Patch embedding as a stride-P convolution (timm's ``patch_embed.proj``).
+
+    Args:
+        img_size: the configured image size; ``None`` accepts any size divisible by P.
+        patch_size: P.
+        in_chans: image channels C.
+        embed_dim: token width D.
+        strict_img_size: raise if the input is not ``img_size`` (set when learned position
+            embeddings are built for exactly that grid).
+
+    Shape: x (B, C, H, W) -> (B, N, D) with N = (H/P)(W/P).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] | None = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        *,
+        strict_img_size: bool = True,
+    ) -> None:
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size)
+        self.img_size = to_2tuple(img_size) if img_size is not None else None
+        if self.img_size is not None:
+            for s, p in zip(self.img_size, self.patch_size):
+                if s % p:
+                    raise ValueError(f"image size {self.img_size} is not divisible by patch size {self.patch_size}")
+            self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+            self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.in_chans = in_chans
+        self.strict_img_size = strict_img_size and self.img_size is not None
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_image(
+            x,
+            in_chans=self.in_chans,
+            patch_size=self.patch_size,
+            img_size=self.img_size if self.strict_img_size else None,
+        )
+        x = self.proj(x)  # (B, D, H/P, W/P)
+        return rearrange(x, "B D h w -> B (h w) D")
+
+
+class UnfoldPatchEmbed(nn.Module):
+    """Patch embedding as the paper writes it: unfold into patches, then a linear layer.
+
+    ``F.unfold`` orders each patch's pixels ``(c p1 p2)``, the same order as a flattened
+    conv kernel, so ``proj.weight == conv.weight.reshape(D, -1)`` gives identical tokens.
+
+    Shape: x (B, C, H, W) -> (B, N, D).
+    """
+
+    def __init__(self, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768) -> None:
+        super().__init__()
+        self.patch_size = to_2tuple(patch_size)
+        self.in_chans = in_chans
+        self.proj = nn.Linear(in_chans * self.patch_size[0] * self.patch_size[1], embed_dim)
+
+    @classmethod
+    def from_conv(cls, conv_embed: PatchEmbed) -> "UnfoldPatchEmbed":
+        """Build an unfold + linear embedding with the weights of a conv embedding."""
+        D, C, p1, p2 = conv_embed.proj.weight.shape
+        module = cls(patch_size=(p1, p2), in_chans=C, embed_dim=D)
+        with torch.no_grad():
+            module.proj.weight.copy_(conv_embed.proj.weight.reshape(D, -1))
+            module.proj.bias.copy_(conv_embed.proj.bias)
+        return module
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_image(x, in_chans=self.in_chans, patch_size=self.patch_size)
+        patches = F.unfold(x, kernel_size=self.patch_size, stride=self.patch_size)  # (B, C*P*P, N)
+        return self.proj(patches.transpose(1, 2))  # (B, N, D)

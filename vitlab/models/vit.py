@@ -1,0 +1,165 @@
+"""ViT (Dosovitskiy et al., 2021): an image is a sequence of 16x16 patch tokens.
+
+Reads top to bottom: config -> model -> paper presets -> timm weight conversion.
+Attribute names follow timm (``patch_embed``, ``cls_token``, ``pos_embed``, ``blocks``,
+``norm``, ``head``), so timm's weights load with no renames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from vitlab.layers import Block, PatchEmbed, check_heads, learned_position_embedding, sincos_2d_position_embedding
+from vitlab.models._init import init_vit_weights
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+    """Hyperparameters of a ViT. Defaults are ViT-B/16 at 224 px."""
+
+    img_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    class_token: bool = True
+    global_pool: Literal["token", "avg"] = "token"
+    pos_embed: Literal["learned", "sincos"] = "learned"
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    fused_attn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.img_size % self.patch_size:
+            raise ValueError(
+                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
+                f"(expected a multiple of {self.patch_size})"
+            )
+        check_heads(self.embed_dim, self.num_heads)
+        if self.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if self.pos_embed not in ("learned", "sincos"):
+            raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
+        if self.in_chans <= 0 or self.depth <= 0:
+            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.img_size // self.patch_size, self.img_size // self.patch_size)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+
+class ViT(nn.Module):
+    """Vision Transformer: patch embedding, [cls] token, position embedding, pre-norm
+    encoder blocks, final LayerNorm, linear head on the cls token (or the mean token).
+
+    Shape: images (B, C, H, W) -> logits (B, num_classes).
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        D = config.embed_dim
+        self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D)
+        self.num_prefix_tokens = 1 if config.class_token else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if config.class_token else None
+        num_tokens = config.num_patches + self.num_prefix_tokens
+        if config.pos_embed == "learned":
+            self.pos_embed = learned_position_embedding(num_tokens, D)
+        else:  # fixed: zeros for the cls token, 2-D sin-cos for the patches
+            table = sincos_2d_position_embedding(config.grid_size, D)
+            table = torch.cat([torch.zeros(self.num_prefix_tokens, D), table])
+            self.register_buffer("pos_embed", table[None], persistent=False)
+        self.pos_drop = nn.Dropout(config.drop_rate)
+        drop_path_rates = torch.linspace(0, config.drop_path_rate, config.depth).tolist()
+        self.blocks = nn.Sequential(*[
+            Block(
+                D,
+                num_heads=config.num_heads,
+                mlp_ratio=config.mlp_ratio,
+                qkv_bias=config.qkv_bias,
+                drop=config.drop_rate,
+                attn_drop=config.attn_drop_rate,
+                drop_path=rate,
+                fused_attn=config.fused_attn,
+            )
+            for rate in drop_path_rates
+        ])
+        self.norm = nn.LayerNorm(D, eps=1e-6)
+        self.head_drop = nn.Dropout(config.drop_rate)
+        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        init_vit_weights(self)
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Patch tokens, cls token prepended, position embedding added.
+
+        Shape: x (B, C, H, W) -> (B, 1 + N, D).
+        """
+        x = self.patch_embed(x)  # (B, N, D); raises on a wrong channel count or size
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, 1 + N, D), after the final norm."""
+        return self.norm(self.blocks(self.embed(x)))
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        """Pool the tokens (cls token or mean of the patch tokens) and classify.
+
+        Shape: x (B, 1 + N, D) -> (B, num_classes).
+        """
+        if self.config.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        else:
+            x = x[:, 0]
+        return self.head(self.head_drop(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, num_classes)."""
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Attention maps of every block (explicit path).
+
+        Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
+        """
+        maps = []
+        x = self.embed(x)
+        for block in self.blocks:
+            x, attn = block(x, return_attn=True)
+            maps.append(attn)
+        return maps
+
+
+CONFIGS: dict[str, ViTConfig] = {
+    # Tiny and Small were defined by DeiT (Touvron et al., 2021, Table 1); timm counts.
+    "vit_tiny_patch16_224": ViTConfig(embed_dim=192, depth=12, num_heads=3),  # 5,717,416 params
+    "vit_small_patch16_224": ViTConfig(embed_dim=384, depth=12, num_heads=6),  # 22,050,664 params
+    # ViT paper, Table 1: ViT-Base, 12 layers, D=768, MLP 3072, 12 heads.
+    "vit_base_patch16_224": ViTConfig(embed_dim=768, depth=12, num_heads=12),  # 86,567,656 params
+    "vit_base_patch32_224": ViTConfig(patch_size=32, embed_dim=768, depth=12, num_heads=12),  # 88,224,232 params
+}
+
+MODEL = ViT
+
+
+def convert_timm(state_dict: Mapping[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
+    """timm ``VisionTransformer`` weights -> ``ViT``. The names are the same."""
+    return {k: v for k, v in state_dict.items()}

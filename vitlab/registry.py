@@ -1,0 +1,104 @@
+"""Model registry: every ``CONFIGS`` preset in ``vitlab.models``, by name.
+
+Names equal timm's where timm has the model (``vit_base_patch16_224``); otherwise the
+official repository's (``deepvit_s``, ``cvt_13``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from torch import Tensor, nn
+
+import vitlab.models
+
+SOURCES = ("timm", "hf")
+
+
+@cache
+def _model_modules() -> dict[str, ModuleType]:
+    """Model name -> the module (paper file) that defines it."""
+    names: dict[str, ModuleType] = {}
+    for info in pkgutil.iter_modules(vitlab.models.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"vitlab.models.{info.name}")
+        for name in getattr(module, "CONFIGS", {}):
+            if name in names:
+                raise RuntimeError(f"model {name!r} is defined in {names[name].__name__} and {module.__name__}")
+            names[name] = module
+    return names
+
+
+def _module_for(name: str) -> ModuleType:
+    modules = _model_modules()
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a str, got {type(name).__name__}")
+    if name not in modules:
+        close = difflib.get_close_matches(name, list(modules), n=5, cutoff=0.5)
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        raise KeyError(f"unknown model {name!r}{hint}. vitlab.list_models() lists all {len(modules)} models")
+    return modules[name]
+
+
+def list_models(pattern: str | None = None) -> list[str]:
+    """Sorted names of all registered models, optionally those containing ``pattern``."""
+    names = sorted(_model_modules())
+    return [n for n in names if pattern is None or pattern in n]
+
+
+def get_config(name: str, **overrides: Any) -> Any:
+    """The preset config of ``name`` with ``overrides`` applied (validated again)."""
+    config = _module_for(name).CONFIGS[name]
+    fields = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"{type(config).__name__} has no field(s) {unknown}; valid fields: {sorted(fields)}")
+    return dataclasses.replace(config, **overrides)
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """Build a registered model, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
+
+    Weights are randomly initialised; load a reference's weights with
+    :func:`convert_state_dict`.
+    """
+    module = _module_for(name)
+    return module.MODEL(get_config(name, **overrides))
+
+
+def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str = "timm") -> dict[str, Tensor]:
+    """Map a reference implementation's state dict onto the ``vitlab`` model ``name``.
+
+    ``source`` is ``"timm"`` or ``"hf"`` (HuggingFace ``transformers``). The result loads
+    with ``model.load_state_dict(result, strict=True)``.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    module = _module_for(name)
+    converter = getattr(module, f"convert_{source}", None)
+    if converter is None:
+        available = [s for s in SOURCES if hasattr(module, f"convert_{s}")]
+        raise ValueError(f"{name!r} has no {source!r} reference; available sources: {available or 'none'}")
+    return converter(state_dict, module.CONFIGS[name])
+
+
+def set_fused_attention(model: nn.Module, flag: bool) -> nn.Module:
+    """Switch every attention layer of ``model`` to the fused (``True``) or explicit path.
+
+    Layers that only have an explicit path (re-attention, talking heads) are left alone.
+    Returns ``model``.
+    """
+    if not isinstance(flag, bool):
+        raise TypeError(f"flag must be a bool, got {type(flag).__name__}")
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = flag
+    return model
