@@ -1,0 +1,52 @@
+# ViT Lab: the two commands a reader needs are `make book` and `make test`.
+# Everything runs inside a local virtual environment that the first command creates.
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+.PHONY: help install test test-fast test-gpu execute book clean
+
+help:
+	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
+	@echo "make test       unit tests, the book build and every notebook against its stored outputs"
+	@echo "make test-fast  unit tests only (tests/)"
+	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
+	@echo "make execute    re-run every notebook in place (regenerates the stored outputs)"
+	@echo "make book       build the book into _build/html"
+	@echo "make clean      remove build outputs (keeps $(VENV))"
+
+# Re-installs only when a requirements file or pyproject.toml changes.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements-dev.txt -e .
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests notebooks $(NBVAL)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest tests
+
+# CI has no GPU: run this by hand on a CUDA machine. The stored outputs are
+# device-independent, so the same notebooks must pass there too.
+test-gpu: $(STAMP)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU, and torch.cuda.is_available() is False here')"
+	$(PY) -m pytest notebooks $(NBVAL)
+
+execute: $(STAMP)
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 \
+		notebooks/*.ipynb
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+clean:
+	rm -rf _build .pytest_cache
+	find vitlab tests notebooks -name __pycache__ -type d -prune -exec rm -rf {} +
+	find notebooks -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
