@@ -24,11 +24,33 @@ def random_images(batch: int = 2, size: int | tuple[int, int] = 224, channels: i
     return torch.randn(batch, channels, h, w, generator=generator)
 
 
-def timm_model(name: str, **kwargs) -> torch.nn.Module:
-    """A randomly initialised timm model (no download), in eval mode."""
+@torch.no_grad()
+def perturb_(module: torch.nn.Module, seed: int = 0, std: float = 0.02) -> torch.nn.Module:
+    """Add noise to every parameter and BatchNorm statistic, in place.
+
+    Random inits hide conversion bugs: zero biases, LayerScale at 1e-5 and fresh
+    BatchNorm statistics make a swapped or dropped tensor invisible in the logits.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for param in module.parameters():
+        param.add_(torch.randn(param.shape, generator=generator) * std)
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.running_mean is not None:
+            sub.running_mean.add_(torch.randn(sub.running_mean.shape, generator=generator) * 0.1)
+            sub.running_var.mul_(0.5 + torch.rand(sub.running_var.shape, generator=generator))
+    return module
+
+
+def timm_model(name: str, perturb: bool = True, **kwargs) -> torch.nn.Module:
+    """A randomly initialised timm model (no download), in eval mode.
+
+    With ``perturb`` (the default) every parameter and BatchNorm statistic is moved off
+    its initial value, so that a weight-conversion test can fail.
+    """
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
-    return timm.create_model(name, pretrained=False, **kwargs).eval()
+    model = timm.create_model(name, pretrained=False, **kwargs).eval()
+    return perturb_(model) if perturb else model
 
 
 def load_reference(name: str, reference: torch.nn.Module, source: str = "timm", **overrides) -> torch.nn.Module:

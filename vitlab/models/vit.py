@@ -86,7 +86,7 @@ class ViT(nn.Module):
             table = torch.cat([torch.zeros(self.num_prefix_tokens, D), table])
             self.register_buffer("pos_embed", table[None], persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate)
-        drop_path_rates = torch.linspace(0, config.drop_path_rate, config.depth).tolist()
+        drop_path_rates = torch.linspace(0, config.drop_path_rate, config.depth, device="cpu").tolist()
         self.blocks = nn.Sequential(*[
             Block(
                 D,

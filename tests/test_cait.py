@@ -1,0 +1,210 @@
+"""CaiT: parameter counts, timm weight equivalence, talking heads, class-attention paths, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from einops import rearrange
+
+import vitlab
+from conftest import assert_same_logits, load_reference, random_images, timm_model
+from vitlab.layers import explicit_attention
+from vitlab.models.cait import CaiTConfig, ClassAttn, TalkingHeadAttn, layer_scale_init_for_depth
+
+# timm 1.0 counts (REFERENCE_NUMBERS.md, Table 1). timm has no CaiT-XS-24 at 224 px
+# (only cait_xs24_384); its 224 count is the same model with a 14 x 14 position table.
+CAIT_PARAMS = {
+    "cait_xxs24_224": 11_956_264,
+    "cait_xs24_224": 26_560_648,
+    "cait_s24_224": 46_916_200,
+}
+
+
+# Counting needs shapes only: build on the meta device (no memory, no random init).
+@pytest.mark.parametrize("name, expected", CAIT_PARAMS.items())
+def test_parameter_count(name: str, expected: int) -> None:
+    with torch.device("meta"):
+        model = vitlab.create_model(name)
+    assert vitlab.count_parameters(model) == expected
+
+
+def test_xs24_at_384_matches_timm_count() -> None:
+    # REFERENCE_NUMBERS.md: 26,670,088 for timm's cait_xs24_384 (24 x 24 = 576 position slots).
+    with torch.device("meta"):
+        model = vitlab.create_model("cait_xs24_224", img_size=384)
+    assert vitlab.count_parameters(model) == 26_670_088
+    assert vitlab.count_parameters(timm_model("cait_xs24_384", device="meta")) == 26_670_088
+
+
+@pytest.mark.parametrize("name", list(CAIT_PARAMS))
+def test_parameter_count_matches_formula(name: str) -> None:
+    # REFERENCE_NUMBERS.md: SA block 12D^2 + 15D + 2(H^2 + H), CA block 12D^2 + 15D, pos-embed 196 D.
+    config = vitlab.get_config(name)
+    D, H, p = config.embed_dim, config.num_heads, config.patch_size
+    formula = (
+        3 * p * p * D + D  # patch embedding
+        + D + 196 * D  # cls token, position embedding (patches only)
+        + 24 * (12 * D * D + 15 * D + 2 * (H * H + H))
+        + 2 * (12 * D * D + 15 * D)
+        + 2 * D + 1000 * D + 1000  # final norm, head
+    )
+    assert formula == CAIT_PARAMS[name]
+
+
+def _exercise_every_branch(reference: torch.nn.Module) -> torch.nn.Module:
+    """Make every residual branch count in the logits.
+
+    At timm's init, LayerScale is 1e-5 and every bias 0, so a block's output barely moves
+    the residual stream: a wrong talking-heads or class-attention layer would change the
+    logits by less than the 1e-4 tolerance. Larger gammas and random biases make it show.
+    """
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            if "gamma" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+            elif name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    return reference
+
+
+# CaiT-XS-24 is left out: timm has it only at 384 px, and its layers are the same code as
+# XXS and S (it is checked by parameter count above).
+@pytest.mark.parametrize("name", ["cait_xxs24_224", "cait_s24_224"])
+def test_timm_weights_give_same_logits(name: str) -> None:
+    reference = _exercise_every_branch(timm_model(name))
+    model = load_reference(name, reference)
+    assert_same_logits(model, reference, random_images(2))
+
+
+def test_convert_timm_renames_only_layer_scale() -> None:
+    reference = timm_model("cait_xxs24_224", depth=2)
+    converted = vitlab.convert_state_dict("cait_xxs24_224", reference.state_dict())
+    renamed = sorted(set(converted) - set(reference.state_dict()))
+    assert renamed == sorted(
+        f"{stage}.{i}.ls{j}.gamma" for stage in ("blocks", "blocks_token_only") for i in range(2) for j in (1, 2)
+    )
+    official = {f"module.{k}": v for k, v in reference.state_dict().items()}  # DDP-saved checkpoint
+    assert vitlab.convert_state_dict("cait_xxs24_224", official).keys() == converted.keys()
+
+
+def test_fused_and_explicit_class_attention_agree() -> None:
+    # Only the class-attention blocks have two paths; 4 SA blocks are enough in front of them.
+    model = vitlab.create_model("cait_xxs24_224", depth=4).eval()
+    _exercise_every_branch(model)
+    images = random_images(2)
+    with torch.no_grad():
+        fused = vitlab.set_fused_attention(model, True)(images)
+        explicit = vitlab.set_fused_attention(model, False)(images)
+    assert all(not b.attn.fused_attn for b in model.blocks_token_only)
+    torch.testing.assert_close(fused, explicit, atol=1e-4, rtol=0)
+
+
+def test_class_attention_layer_paths_and_map_shape() -> None:
+    layer = ClassAttn(64, num_heads=4).eval()
+    x = torch.randn(2, 1 + 49, 64)
+    out_fused = layer(x)
+    layer.fused_attn = False
+    out_explicit, attn = layer(x, return_attn=True)
+    assert out_fused.shape == (2, 1, 64) and attn.shape == (2, 4, 1, 50)
+    torch.testing.assert_close(out_fused, out_explicit, atol=1e-5, rtol=0)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4, 1))
+
+
+def test_class_attention_blocks_leave_patches_unchanged() -> None:
+    model = vitlab.create_model("cait_xxs24_224", depth=2).eval()
+    images = random_images(1)
+    with torch.no_grad():
+        patches = model.forward_patches(images)
+        features = model.norm(patches)
+        torch.testing.assert_close(model.forward_features(images)[:, 1:], features)
+    maps = model.get_class_attention_maps(images)
+    assert len(maps) == 2 and maps[0].shape == (1, 4, 1, 197)
+
+
+def test_talking_heads_with_identity_mixing_is_standard_attention() -> None:
+    layer = TalkingHeadAttn(64, num_heads=4).eval()
+    with torch.no_grad():
+        for proj in (layer.proj_l, layer.proj_w):
+            proj.weight.copy_(torch.eye(4))
+            proj.bias.zero_()
+    x = torch.randn(2, 10, 64)
+    out, attn = layer(x, return_attn=True)
+    q, k, v = rearrange(layer.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=4)
+    expected, expected_attn = explicit_attention(q, k, v, scale=16**-0.5)
+    torch.testing.assert_close(attn, expected_attn)
+    torch.testing.assert_close(out, layer.proj(rearrange(expected, "B h N d -> B N (h d)")))
+
+
+def test_talking_heads_have_no_fused_switch() -> None:
+    model = vitlab.create_model("cait_xxs24_224", depth=1)
+    vitlab.set_fused_attention(model, False)
+    assert not hasattr(model.blocks[0].attn, "fused_attn")
+
+
+def test_layer_scale_init_by_total_depth() -> None:
+    # CaiT section 2: 0.1 up to depth 18, 1e-5 at 24, 1e-6 deeper; one value for every block.
+    assert [layer_scale_init_for_depth(d) for d in (12, 18, 24, 36, 48)] == [0.1, 0.1, 1e-5, 1e-6, 1e-6]
+    assert CaiTConfig(depth=12).layer_scale_init == 0.1
+    assert CaiTConfig(depth=36).layer_scale_init == 1e-6
+    with torch.device("meta"):
+        assert vitlab.create_model("cait_xxs24_224").config.layer_scale_init == 1e-5
+    model = vitlab.create_model("cait_xxs24_224", depth=3)
+    gammas = [p for n, p in model.named_parameters() if n.endswith("gamma")]
+    assert len(gammas) == 2 * (3 + 2)
+    for gamma in gammas:
+        torch.testing.assert_close(gamma.detach(), torch.full_like(gamma, 1e-5))
+
+
+def test_train_mode_with_dropout_and_drop_path_backprops() -> None:
+    model = vitlab.create_model(
+        "cait_xxs24_224", img_size=32, patch_size=8, depth=2, drop_rate=0.1, drop_path_rate=0.1, num_classes=4
+    ).train()
+    loss = model(random_images(2, 32)).logsumexp(-1).mean()
+    loss.backward()
+    assert model.cls_token.grad is not None and model.blocks[0].attn.proj_l.weight.grad is not None
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_image_not_divisible_by_patch_size() -> None:
+    with pytest.raises(ValueError, match=r"img_size 225 is not divisible by patch_size 16"):
+        vitlab.create_model("cait_xxs24_224", img_size=225)
+
+
+def test_embed_dim_not_divisible_by_heads() -> None:
+    with pytest.raises(ValueError, match=r"embed dim 192 is not divisible by num_heads 5"):
+        vitlab.create_model("cait_xxs24_224", num_heads=5)
+
+
+def test_wrong_channel_count() -> None:
+    model = vitlab.create_model("cait_xxs24_224", depth=1)
+    with pytest.raises(ValueError, match=r"expected 3 input channels, got 1"):
+        model(random_images(1, channels=1))
+
+
+def test_other_image_size_than_configured() -> None:
+    model = vitlab.create_model("cait_xxs24_224", depth=1)
+    with pytest.raises(ValueError, match=r"expected image size 224x224 .*got 192x192"):
+        model(random_images(1, 192))
+
+
+def test_layer_scale_init_out_of_range_names_paper_value() -> None:
+    with pytest.raises(ValueError, match=r"init_values .* must be in \(0, 1\], got 0.0; .*depth 36 is 1e-06"):
+        vitlab.create_model("cait_xxs24_224", depth=36, init_values=0.0)
+
+
+@pytest.mark.parametrize("depth", [0, -3, 2.5])
+def test_layer_scale_init_needs_a_positive_int_depth(depth: object) -> None:
+    with pytest.raises(ValueError, match=rf"depth must be a positive int, got {depth}"):
+        layer_scale_init_for_depth(depth)  # type: ignore[arg-type]
+
+
+def test_no_class_attention_block() -> None:
+    with pytest.raises(ValueError, match=r"depth_token_only must be >= 1 .*got 0"):
+        vitlab.create_model("cait_xxs24_224", depth_token_only=0)
+
+
+def test_list_models_has_the_cait_presets() -> None:
+    assert set(CAIT_PARAMS) <= set(vitlab.list_models("cait"))

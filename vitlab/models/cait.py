@@ -1,0 +1,364 @@
+"""CaiT (Touvron et al., 2021): going deeper with LayerScale and class-attention.
+
+Two changes to ViT/DeiT let CaiT train 24-48 blocks deep:
+
+* **LayerScale**: every residual branch is multiplied by a learnable per-channel
+  diagonal matrix ``diag(gamma)`` that starts at a small ε, chosen from the network's
+  total depth (:func:`layer_scale_init_for_depth`; ERRATA 8: not from the layer index).
+* **Class-attention**: the patches are processed by self-attention blocks *without* a
+  cls token; the cls token enters only in the last two blocks, where it alone is updated,
+  attending to ``[cls, patches]``.
+
+The self-attention blocks use talking-heads attention (Shazeer et al., 2020): two H x H
+maps mix the heads' attention logits before the softmax (``proj_l``) and the weights
+after it (``proj_w``).
+
+Reads top to bottom: attention layers -> class-attention block -> config -> model ->
+paper presets -> timm weight conversion. Names follow timm and the official code
+(``blocks``, ``blocks_token_only``, ``proj_l``, ``proj_w``), except that LayerScale is
+the shared :class:`~vitlab.layers.LayerScale` module (``ls1.gamma`` for timm's ``gamma_1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from vitlab.layers import (
+    Block,
+    LayerScale,
+    Mlp,
+    PatchEmbed,
+    check_heads,
+    explicit_attention,
+    fused_attention,
+    learned_position_embedding,
+)
+from vitlab.models._init import init_vit_weights
+
+
+def layer_scale_init_for_depth(depth: int) -> float:
+    """The paper's LayerScale init ε for a network of ``depth`` self-attention blocks.
+
+    CaiT §2: ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper. The same ε is used
+    in *every* block; it depends on the total depth, not on the layer index (ERRATA 8).
+    ``depth`` counts the self-attention blocks (the 24 of CaiT-XXS-24), not the two
+    class-attention blocks.
+    """
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
+        raise ValueError(f"depth must be a positive int, got {depth!r}")
+    if depth <= 18:
+        return 0.1
+    if depth <= 24:
+        return 1e-5
+    return 1e-6
+
+
+class TalkingHeadAttn(nn.Module):
+    """Multi-head self-attention with talking heads (CaiT's self-attention blocks).
+
+    ``proj_l`` mixes the H heads' logits before the softmax, ``proj_w`` mixes the
+    attention weights after it; both act on the head axis at every (query, key) pair.
+    Only an explicit path exists: a fused kernel computes ``softmax(q k^T) v`` in one
+    call and never exposes the logits or the weights, so there is nothing to mix.
+    Hence there is no ``fused_attn`` attribute and :func:`vitlab.set_fused_attention`
+    leaves this layer alone.
+
+    Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
+    """
+
+    def __init__(
+        self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads)
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        # NOTE(paper): talking heads (Shazeer et al., 2020) mix heads with plain H x H
+        # matrices; the official CaiT code (and timm) use nn.Linear, which adds an H-vector
+        # bias to each map: 2(H^2 + H) parameters per block. Kept for weight compatibility.
+        self.proj_l = nn.Linear(num_heads, num_heads)
+        self.proj_w = nn.Linear(num_heads, num_heads)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, C) -> (B, N, C) [, attn (B, h, N, N) when ``return_attn``]."""
+        q, k, v = rearrange(self.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=self.num_heads)
+        logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, N, N)
+        # Heads last, so the Linear layers mix the heads at every (query, key) pair.
+        logits = rearrange(self.proj_l(rearrange(logits, "B h i j -> B i j h")), "B i j h -> B h i j")
+        attn = logits.softmax(dim=-1)
+        attn = rearrange(self.proj_w(rearrange(attn, "B h i j -> B i j h")), "B i j h -> B h i j")
+        attn = self.attn_drop(attn)
+        out = rearrange(attn @ v, "B h N d -> B N (h d)")
+        out = self.proj_drop(self.proj(out))
+        return (out, attn) if return_attn else out
+
+
+class ClassAttn(nn.Module):
+    """Class-attention: the cls token queries ``[cls, patches]``; only it is updated.
+
+    One query per image instead of 1 + N: the attention map is (1, 1 + N) per head, not
+    (1 + N, 1 + N). The softmax is the standard one, so a fused path exists too.
+    Separate ``q``, ``k``, ``v`` layers, as in the official code and timm.
+
+    Shape: x (B, 1 + N, C), cls token first -> (B, 1, C); attn (B, h, 1, 1 + N).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads)
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = fused
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N) when ``return_attn``]."""
+        h = self.num_heads
+        q = rearrange(self.q(x[:, :1]), "B n (h d) -> B h n d", h=h)  # (B, h, 1, d): the cls token only
+        k = rearrange(self.k(x), "B n (h d) -> B h n d", h=h)  # (B, h, 1 + N, d)
+        v = rearrange(self.v(x), "B n (h d) -> B h n d", h=h)  # (B, h, 1 + N, d)
+        attn = None
+        if self.fused_attn and not return_attn:
+            p = self.attn_drop.p if self.training else 0.0
+            out = fused_attention(q, k, v, scale=self.scale, dropout_p=p)
+        else:
+            out, attn = explicit_attention(q, k, v, scale=self.scale, attn_drop=self.attn_drop)
+        out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
+        return (out, attn) if return_attn else out
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, fused_attn={self.fused_attn}"
+
+
+class ClassAttentionBlock(nn.Module):
+    """Pre-norm block that updates only the cls token (timm's ``LayerScaleBlockClassAttn``).
+
+    ``x_cls + ls1(CA(LN([x_cls, x])))`` then ``+ ls2(MLP(LN(x_cls)))``. The patches are
+    read (as keys and values) but not changed: they are frozen in the class-attention stage.
+
+    Shape: x (B, N, C) patches, x_cls (B, 1, C) -> (B, 1, C).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float = 1e-5,
+        norm_eps: float = 1e-6,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        # No dropout and no drop path here: the official code builds these blocks with 0.
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = ClassAttn(dim, num_heads=num_heads, qkv_bias=qkv_bias, fused=fused_attn)
+        self.ls1 = LayerScale(dim, init_values)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.ls2 = LayerScale(dim, init_values)
+
+    def forward(self, x: Tensor, x_cls: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, C), x_cls (B, 1, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N)]."""
+        u = self.norm1(torch.cat([x_cls, x], dim=1))  # (B, 1 + N, C)
+        if return_attn:
+            y, attn = self.attn(u, return_attn=True)
+        else:
+            y, attn = self.attn(u), None
+        x_cls = x_cls + self.ls1(y)
+        x_cls = x_cls + self.ls2(self.mlp(self.norm2(x_cls)))
+        return (x_cls, attn) if return_attn else x_cls
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaiTConfig:
+    """Hyperparameters of a CaiT. Defaults are CaiT-XXS-24 at 224 px.
+
+    ``init_values`` is LayerScale's ε; ``None`` picks the paper's value for ``depth``
+    (:func:`layer_scale_init_for_depth`). Read the value in use from ``layer_scale_init``.
+    """
+
+    img_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 192
+    depth: int = 24
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    depth_token_only: int = 2
+    mlp_ratio_token_only: float = 4.0
+    init_values: float | None = None
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    fused_attn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.img_size % self.patch_size:
+            raise ValueError(
+                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
+                f"(expected a multiple of {self.patch_size})"
+            )
+        check_heads(self.embed_dim, self.num_heads)
+        if self.in_chans <= 0 or self.depth <= 0:
+            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
+        if self.depth_token_only <= 0:
+            raise ValueError(
+                f"depth_token_only must be >= 1 (the cls token enters only in the class-attention "
+                f"blocks), got {self.depth_token_only}"
+            )
+        if self.init_values is not None and not 0.0 < self.init_values <= 1.0:
+            raise ValueError(
+                f"init_values (LayerScale ε) must be in (0, 1], got {self.init_values}; "
+                f"the paper's value for depth {self.depth} is {layer_scale_init_for_depth(self.depth)}"
+            )
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
+
+    @property
+    def layer_scale_init(self) -> float:
+        """The ε every LayerScale starts at: ``init_values``, or the paper's rule for ``depth``."""
+        return self.init_values if self.init_values is not None else layer_scale_init_for_depth(self.depth)
+
+    @property
+    def num_patches(self) -> int:
+        return (self.img_size // self.patch_size) ** 2
+
+
+class CaiT(nn.Module):
+    """CaiT: patch embedding + position embedding (patches only), ``depth`` LayerScale
+    blocks with talking-heads self-attention, then ``depth_token_only`` class-attention
+    blocks that bring in the cls token, final LayerNorm, linear head on the cls token.
+
+    Shape: images (B, C, H, W) -> logits (B, num_classes).
+    """
+
+    def __init__(self, config: CaiTConfig) -> None:
+        super().__init__()
+        self.config = config
+        D, eps = config.embed_dim, config.layer_scale_init
+        self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.pos_embed = learned_position_embedding(config.num_patches, D)  # (1, N, D): no cls slot
+        self.pos_drop = nn.Dropout(config.drop_rate)
+        # The same drop-path rate in every block, as in the official code and timm
+        # (ViT/DeiT ramp it linearly with depth).
+        self.blocks = nn.Sequential(*[
+            Block(
+                D,
+                num_heads=config.num_heads,
+                mlp_ratio=config.mlp_ratio,
+                drop=config.drop_rate,
+                drop_path=config.drop_path_rate,
+                init_values=eps,
+                attn=TalkingHeadAttn(
+                    D,
+                    num_heads=config.num_heads,
+                    qkv_bias=config.qkv_bias,
+                    attn_drop=config.attn_drop_rate,
+                    proj_drop=config.drop_rate,
+                ),
+            )
+            for _ in range(config.depth)
+        ])
+        self.blocks_token_only = nn.ModuleList([
+            ClassAttentionBlock(
+                D,
+                num_heads=config.num_heads,
+                mlp_ratio=config.mlp_ratio_token_only,
+                qkv_bias=config.qkv_bias,
+                init_values=eps,
+                fused_attn=config.fused_attn,
+            )
+            for _ in range(config.depth_token_only)
+        ])
+        self.norm = nn.LayerNorm(D, eps=1e-6)
+        self.head_drop = nn.Dropout(config.drop_rate)
+        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        init_vit_weights(self)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (ViT's is ~0)
+
+    def forward_patches(self, x: Tensor) -> Tensor:
+        """The self-attention stage: patches only, no cls token. Shape: (B, C, H, W) -> (B, N, D)."""
+        x = self.patch_embed(x)  # (B, N, D); raises on a wrong channel count or size
+        return self.blocks(self.pos_drop(x + self.pos_embed))
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, 1 + N, D): [cls, patches], after the final norm."""
+        x = self.forward_patches(x)
+        x_cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
+        for block in self.blocks_token_only:
+            x_cls = block(x, x_cls)
+        return self.norm(torch.cat([x_cls, x], dim=1))
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        """Classify from the cls token. Shape: x (B, 1 + N, D) -> (B, num_classes)."""
+        return self.head(self.head_drop(x[:, 0]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, num_classes)."""
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_class_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """What the cls token attends to in each class-attention block (explicit path).
+
+        Shape: x (B, C, H, W) -> depth_token_only x (B, h, 1, 1 + N); key 0 is the cls token.
+        """
+        x = self.forward_patches(x)
+        x_cls = self.cls_token.expand(x.shape[0], -1, -1)
+        maps = []
+        for block in self.blocks_token_only:
+            x_cls, attn = block(x, x_cls, return_attn=True)
+            maps.append(attn)
+        return maps
+
+
+CONFIGS: dict[str, CaiTConfig] = {
+    # CaiT paper, Table 1 (24 SA blocks + 2 CA blocks, ε = 1e-5 per §2); timm counts.
+    "cait_xxs24_224": CaiTConfig(embed_dim=192, depth=24, num_heads=4, init_values=1e-5),  # 11,956,264 params
+    "cait_xs24_224": CaiTConfig(embed_dim=288, depth=24, num_heads=6, init_values=1e-5),  # 26,560,648 params
+    "cait_s24_224": CaiTConfig(embed_dim=384, depth=24, num_heads=8, init_values=1e-5),  # 46,916,200 params
+}
+
+MODEL = CaiT
+
+
+def convert_timm(state_dict: Mapping[str, Tensor], config: CaiTConfig) -> dict[str, Tensor]:
+    """timm ``Cait`` (or official ``cait_models``) weights -> ``CaiT``.
+
+    timm and the official code store LayerScale as ``gamma_1``/``gamma_2`` on the block;
+    here it is the shared LayerScale module. Every other name is the same.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        key = key.removeprefix("module.")  # the official checkpoints were saved from DDP
+        key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
+        out[key] = value
+    return out
