@@ -1,0 +1,495 @@
+"""vitlab.checks: a correct solution passes, each known wrong answer is named, nothing raises.
+
+The "student" functions below are written the way a student would write them (other ops
+than the checks' references), so a pass means two independent implementations agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+import vitlab.checks as checks
+from vitlab.checks import CheckResult
+from vitlab.models.cait import ClassAttn
+from vitlab.models.cvt import ConvProjection
+from vitlab.models.deepvit import ReAttention
+from vitlab.models.pit import Pooling
+
+# ---------------------------------------------------------------- correct solutions
+
+
+def patchify_ok(images: Tensor, patch_size: int) -> Tensor:
+    B, C, _, _ = images.shape
+    P = patch_size
+    windows = images.unfold(2, P, P).unfold(3, P, P)  # (B, C, h, w, P, P)
+    return windows.permute(0, 2, 3, 4, 5, 1).reshape(B, -1, P * P * C)
+
+
+def unpatchify_ok(patches: Tensor, patch_size: int, grid_size: tuple[int, int]) -> Tensor:
+    B, _, D = patches.shape
+    (h, w), P = grid_size, patch_size
+    x = patches.view(B, h, w, P, P, D // (P * P)).permute(0, 5, 1, 3, 2, 4)  # (B, C, h, P, w, P)
+    return x.reshape(B, -1, h * P, w * P)
+
+
+def attention_ok(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def split_heads_ok(x: Tensor, num_heads: int) -> Tensor:
+    B, N, C = x.shape
+    return x.view(B, N, num_heads, C // num_heads).transpose(1, 2)
+
+
+def hard_ok(cls_logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, labels: Tensor, alpha: float = 0.5):
+    teacher_labels = teacher_logits.argmax(dim=1)
+    return (1 - alpha) * F.cross_entropy(cls_logits, labels) + alpha * F.cross_entropy(dist_logits, teacher_labels)
+
+
+def soft_ok(
+    cls_logits: Tensor, dist_logits: Tensor, teacher_logits: Tensor, labels: Tensor, alpha: float, tau: float,
+    *, head: str = "dist", reverse: bool = False, tau_squared: bool = True, divide_by: str = "numel",
+) -> Tensor:  # fmt: skip
+    """Soft distillation; the keywords make the wrong versions below."""
+    student = dist_logits if head == "dist" else cls_logits
+    log_p_s, log_p_t = F.log_softmax(student / tau, dim=1), F.log_softmax(teacher_logits / tau, dim=1)
+    kl = (log_p_s.exp() * (log_p_s - log_p_t)).sum() if reverse else (log_p_t.exp() * (log_p_t - log_p_s)).sum()
+    kl = kl * tau**2 if tau_squared else kl
+    kl = kl / (student.numel() if divide_by == "numel" else student.shape[0])
+    return (1 - alpha) * F.cross_entropy(cls_logits, labels) + alpha * kl
+
+
+def re_attention_ok(attn: Tensor, theta: Tensor) -> Tensor:
+    return (theta.t() @ attn.flatten(2)).view_as(attn)  # (H, H) @ (B, H, N*N)
+
+
+def layer_scale_ok(layer_index: int, depth: int) -> float:
+    if depth <= 18:
+        return 0.1
+    if depth <= 24:
+        return 1e-5
+    return 1e-6
+
+
+def class_attention_ok(
+    x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, num_heads: int, *, kv: str = "all", scale: str = "head"
+) -> Tensor:
+    B, T, C = x.shape
+    d = C // num_heads
+    z = x if kv == "all" else x[:, 1:]
+    q = (x[:, :1] @ wq.T).view(B, 1, num_heads, d).transpose(1, 2)
+    k = (z @ wk.T).view(B, z.shape[1], num_heads, d).transpose(1, 2)
+    v = (z @ wv.T).view(B, z.shape[1], num_heads, d).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, k, v, scale=None if scale == "head" else C**-0.5)
+    return out.transpose(1, 2).reshape(B, 1, C)
+
+
+def t2t_ok(size: int, kernel: int, stride: int, padding: int) -> int:
+    return math.floor((size + 2 * padding - kernel) / stride) + 1
+
+
+def soft_split_ok(x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
+    return nn.Unfold(kernel, stride=stride, padding=padding)(x).permute(0, 2, 1)
+
+
+def squeezed_ok(x: Tensor, grid_size: tuple[int, int], weight: Tensor, stride: int, *, padding: int | None = None):
+    B, _, C = x.shape
+    fmap = x.transpose(1, 2).reshape(B, C, *grid_size)
+    pad = weight.shape[-1] // 2 if padding is None else padding
+    return F.conv2d(fmap, weight, stride=stride, padding=pad, groups=C).flatten(2).transpose(1, 2)
+
+
+def pit_ok(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    C = x.shape[1]
+    pool = Pooling(C, 2 * C)  # vitlab's PiT pooling layer, given the exercise's weights
+    with torch.no_grad():
+        pool.conv.weight.copy_(weight)
+        pool.conv.bias.copy_(bias)
+        return pool.conv(x)
+
+
+def levit_idx_ok(resolution: int) -> Tensor:
+    """The official LeViT numbering: offsets in the order they are first met."""
+    points = list(itertools.product(range(resolution), range(resolution)))
+    offsets: dict[tuple[int, int], int] = {}
+    idxs = []
+    for p1 in points:
+        for p2 in points:
+            offset = (abs(p1[0] - p2[0]), abs(p1[1] - p2[1]))
+            offsets.setdefault(offset, len(offsets))
+            idxs.append(offsets[offset])
+    return torch.tensor(idxs).view(len(points), len(points))
+
+
+def levit_logits_ok(q: Tensor, k: Tensor, bias: Tensor, scale: float) -> Tensor:
+    return torch.einsum("bhqd,bhkd->bhqk", q, k) * scale + bias
+
+
+SOLUTIONS: dict[str, Callable[..., Any]] = {
+    "patchify": patchify_ok,
+    "unpatchify": unpatchify_ok,
+    "scaled_dot_product_attention": attention_ok,
+    "split_heads": split_heads_ok,
+    "hard_distillation_loss": hard_ok,
+    "soft_distillation_loss": soft_ok,
+    "re_attention": re_attention_ok,
+    "layer_scale_init": layer_scale_ok,
+    "class_attention": class_attention_ok,
+    "t2t_token_count": t2t_ok,
+    "soft_split": soft_split_ok,
+    "squeezed_kv_projection": squeezed_ok,
+    "pit_pooling": pit_ok,
+    "levit_bias_indices": levit_idx_ok,
+    "levit_attention_logits": levit_logits_ok,
+}
+NUMBER_CHECKS = {"layer_scale_init", "t2t_token_count"}
+
+# ---------------------------------------------------------------- known wrong answers
+
+
+def note_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Note 002's MultiHeadAttention, as it stands (ERRATA 1)."""
+    energy = torch.einsum("bhqd, bhkd -> bhqk", q, k)
+    if mask is not None:
+        energy = energy.masked_fill(~mask, float("-inf"))
+    emb_size = q.shape[1] * q.shape[-1]
+    att = F.softmax(energy, dim=-1) / emb_size**0.5
+    return att @ v
+
+
+def explicit(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale: float, after: float = 1.0,
+             invert: bool = False, dim: int = -1) -> Tensor:  # fmt: skip
+    energy = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        energy = energy.masked_fill(mask if invert else ~mask, float("-inf"))
+    return energy.softmax(dim=dim) * after @ v
+
+
+def noop_masked_fill(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    energy = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        energy.masked_fill(~mask, float("-inf"))  # ERRATA 2: the result is thrown away
+    return energy.softmax(dim=-1) @ v
+
+
+def signed_levit_idx(r: int) -> Tensor:
+    ys, xs = torch.meshgrid(torch.arange(r), torch.arange(r), indexing="ij")
+    dy = ys.flatten()[:, None] - ys.flatten()[None, :] + r - 1
+    dx = xs.flatten()[:, None] - xs.flatten()[None, :] + r - 1
+    return dy * (2 * r - 1) + dx
+
+
+def xy_levit_idx(r: int) -> Tensor:
+    ys, xs = torch.meshgrid(torch.arange(r), torch.arange(r), indexing="xy")  # ERRATA 20
+    points = torch.stack([ys.flatten(), xs.flatten()])
+    offsets = (points[:, :, None] - points[:, None, :]).abs()
+    return offsets[0] * r + offsets[1]
+
+
+def pit_two_convs(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    C = x.shape[1]
+    first = F.conv2d(x, weight[0::2], bias[0::2], stride=2, padding=1, groups=C)
+    second = F.conv2d(x, weight[1::2], bias[1::2], stride=2, padding=1, groups=C)
+    return torch.cat([first, second], dim=1)
+
+
+def d(q: Tensor) -> int:
+    return q.shape[-1]
+
+
+def D(q: Tensor) -> int:
+    return q.shape[1] * q.shape[-1]
+
+
+W = pytest.param  # (check, student function, words the message must contain, erratum)
+WRONG = [
+    W("patchify", lambda x, P: F.unfold(x, P, stride=P).transpose(1, 2), "(c p1 p2) order", None, id="unfold"),
+    W("patchify", lambda x, P: x.unfold(2, P, P).unfold(3, P, P).permute(0, 3, 2, 4, 5, 1).flatten(1, 2).flatten(2),
+      "column by column (w h)", None, id="columns"),
+    W("patchify", lambda x, P: x.unfold(2, P, P).unfold(3, P, P).permute(0, 2, 3, 5, 4, 1).flatten(1, 2).flatten(2),
+      "(p2 p1 c)", None, id="transposed_patch"),
+    W("patchify", lambda x, P: x.reshape(x.shape[0], -1, P * P * x.shape[1]), "plain reshape", None, id="reshape"),
+    W("unpatchify", lambda x, P, g: x.view(x.shape[0], *g, -1, P, P).permute(0, 3, 1, 4, 2, 5).flatten(4).flatten(2, 3),
+      "read as (c p1 p2)", None, id="unfold_order"),
+    W("unpatchify", lambda x, P, g: x.view(x.shape[0], g[1], g[0], P, P, -1).permute(0, 5, 2, 3, 1, 4).flatten(4)
+      .flatten(2, 3), "read column by column", None, id="columns"),
+    W("unpatchify", lambda x, P, g: x.reshape(x.shape[0], -1, g[0] * P, g[1] * P), "plain reshape", None,
+      id="reshape"),
+    W("scaled_dot_product_attention", note_attention, "emb_size**0.5", 1, id="note"),
+    W("scaled_dot_product_attention", lambda q, k, v, mask=None: explicit(q, k, v, mask, scale=1, after=d(q) ** -0.5),
+      "after the softmax (rows no longer sum to 1)", 1, id="after_softmax"),
+    W("scaled_dot_product_attention", lambda q, k, v, mask=None: explicit(q, k, v, mask, scale=D(q) ** -0.5),
+      "whole embedding size", 1, id="embed_dim"),
+    W("scaled_dot_product_attention", lambda q, k, v, mask=None: explicit(q, k, v, mask, scale=1 / d(q)),
+      "divided by d; divide by sqrt(d)", 1, id="by_d"),
+    W("scaled_dot_product_attention", lambda q, k, v, mask=None: explicit(q, k, v, mask, scale=1), "not scaled", 1,
+      id="unscaled"),
+    W("scaled_dot_product_attention", noop_masked_fill, "the mask has no effect", 2, id="noop_mask"),
+    W("scaled_dot_product_attention", lambda q, k, v, mask=None: explicit(q, k, v, mask, scale=d(q) ** -0.5,
+      invert=True), "mask is inverted", None, id="inverted_mask"),
+    W("scaled_dot_product_attention", lambda q, k, v, mask=None: explicit(q, k, v, mask, scale=d(q) ** -0.5, dim=-2),
+      "over the queries (dim=-2)", None, id="softmax_dim"),
+    W("split_heads", lambda x, h: x.view(x.shape[0], h, x.shape[1], -1), "plain reshape", None, id="view"),
+    W("split_heads", lambda x, h: x.view(*x.shape[:2], -1, h).permute(0, 3, 1, 2), "split (d h)", None, id="d_h"),
+    W("hard_distillation_loss", lambda c, d, t, y, alpha=0.5: (1 - alpha) * F.cross_entropy(c, y)
+      + alpha * F.cross_entropy(c, t.argmax(1)), "supervise the class head", 7, id="cls_head"),
+    W("hard_distillation_loss", lambda c, d, t, y, alpha=0.5: F.cross_entropy(c, t.argmax(1)), "as in the note", 7,
+      id="note"),
+    W("hard_distillation_loss", lambda c, d, t, y, alpha=0.5: hard_ok(d, c, t, y, alpha), "targets are swapped", 7,
+      id="swapped_heads"),
+    W("hard_distillation_loss", lambda c, d, t, y, alpha=0.5: hard_ok(c, d, t, y, 1 - alpha), "alpha weights the wrong",
+      None, id="swapped_alpha"),
+    W("hard_distillation_loss", lambda c, d, t, y, alpha=0.5: (1 - alpha) * F.cross_entropy(c, y)
+      + alpha * F.cross_entropy(d, t.softmax(1)), "teacher's probabilities", None, id="probabilities"),
+    W("soft_distillation_loss", lambda *a, **k: soft_ok(*a, **k, head="cls"), "supervises the class head", 7,
+      id="cls_head"),
+    W("soft_distillation_loss", lambda *a, **k: soft_ok(*a, **k, reverse=True), "KL divergence is reversed", None,
+      id="reversed"),
+    W("soft_distillation_loss", lambda *a, **k: soft_ok(*a, **k, tau_squared=False), "not multiplied by tau**2", None,
+      id="tau_squared"),
+    W("soft_distillation_loss", lambda *a, **k: soft_ok(*a, **k, divide_by="batch"), "reduction='batchmean'", None,
+      id="batchmean"),
+    W("re_attention", lambda a, t: (t @ a.flatten(2)).view_as(a), "instead of its transpose", None, id="theta"),
+    W("re_attention", lambda a, t: re_attention_ok(a, t).softmax(-1), "softmax again", None, id="softmax"),
+    W("layer_scale_init", lambda i, depth: layer_scale_ok(i, i + 1), "follows the layer index", 8, id="note"),
+    W("layer_scale_init", lambda i, depth: layer_scale_ok(i, depth + 2), "class-attention blocks are counted", None,
+      id="plus_two"),
+    W("layer_scale_init", lambda i, depth: 0.1 if depth < 18 else 1e-5 if depth < 24 else 1e-6, "exactly 18", None,
+      id="strict"),
+    W("layer_scale_init", lambda i, depth: 1e-5, "1e-5 whatever the depth", None, id="constant"),
+    W("class_attention", lambda *a: class_attention_ok(*a, kv="patches"), "leave out the cls token", None,
+      id="patches_only"),
+    W("class_attention", lambda x, wq, wk, wv, h: class_attention_ok(x, wq.T, wk.T, wv.T, h), "used transposed", None,
+      id="transposed"),
+    W("class_attention", lambda x, wq, wk, wv, h: class_attention_ok(x, wq, wk, wv, 1), "one head over all C", None,
+      id="one_head"),
+    W("class_attention", lambda *a: class_attention_ok(*a, scale="embed"), "scaled by C**-0.5", None, id="scale"),
+    W("t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) / (k - s) + 1, "the note's formula, (size", 9, id="note"),
+    W("t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1, "divides by the overlap", 9,
+      id="note_floor"),
+    W("t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) / (k - s), "formula for the width", 9, id="note_width"),
+    W("t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) / s + 1, "not floored", None, id="no_floor"),
+    W("t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) // s, "+ 1 is missing", None, id="no_plus_one"),
+    W("t2t_token_count", lambda n, k, s, p: (n + p - k) // s + 1, "padding is counted once", None, id="padding"),
+    W("soft_split", lambda x, k, s, p: nn.Unfold(k, stride=s, padding=p)(x), "transpose it to tokens", None,
+      id="no_transpose"),
+    W("soft_split", lambda x, k, s, p: soft_split_ok(x, k, s, 0), "padding is missing", None, id="no_padding"),
+    W("squeezed_kv_projection", lambda x, g, w, s: F.conv2d(x.reshape(x.shape[0], -1, *g), w, stride=s, padding=1,
+      groups=x.shape[-1]).flatten(2).transpose(1, 2), "reshaped straight to (B, C, H, W)", None, id="naive_map"),
+    W("squeezed_kv_projection", lambda x, g, w, s: squeezed_ok(x, g, w, s).transpose(1, 2).reshape(x.shape[0], -1,
+      x.shape[-1]), "reshaped straight back", None, id="naive_tokens"),
+    W("squeezed_kv_projection", lambda *a: squeezed_ok(*a, padding=0), "not padded", None, id="no_padding"),
+    W("pit_pooling", lambda x, w, b: F.conv2d(x, w, b, stride=2, groups=x.shape[1]), "not padded", None,
+      id="no_padding"),
+    W("pit_pooling", lambda x, w, b: F.conv2d(x, w, b, padding=1, groups=x.shape[1]), "stride is 1", None,
+      id="stride_1"),
+    W("pit_pooling", lambda x, w, b: F.conv2d(x, w, stride=2, padding=1, groups=x.shape[1]), "bias is missing", None,
+      id="no_bias"),
+    W("pit_pooling", pit_two_convs, "ordered (2 C)", None, id="channel_order"),
+    W("levit_bias_indices", xy_levit_idx, "indexing='xy'", 20, id="meshgrid_xy"),
+    W("levit_bias_indices", signed_levit_idx, "signed offsets", None, id="signed"),
+    W("levit_attention_logits", lambda q, k, b, s: (q @ k.transpose(-2, -1) + b) * s, "added before scaling", 12,
+      id="bias_before_scale"),
+    W("levit_attention_logits", lambda q, k, b, s: q @ k.transpose(-2, -1) * s + b / s, "the bias is rescaled", 12,
+      id="bias_rescaled"),
+    W("levit_attention_logits", lambda *a: levit_logits_ok(*a).softmax(-1), "after the softmax", None, id="softmax"),
+    W("levit_attention_logits", lambda q, k, b, s: q @ k.transpose(-2, -1) / s + b, "divided by scale", None,
+      id="divided"),
+    W("levit_attention_logits", lambda q, k, b, s: q @ k.transpose(-2, -1) * s, "bias is missing", None,
+      id="no_bias"),
+]  # fmt: skip
+
+NAMES = sorted(SOLUTIONS)
+
+
+def run(capsys: pytest.CaptureFixture[str], name: str, fn: Any) -> tuple[CheckResult, str]:
+    """Run a check; return its result and the one line it printed."""
+    result = getattr(checks, name)(fn)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.endswith("\n"), f"expected exactly one line, got {out!r}"
+    assert isinstance(result, CheckResult) and result.message == out.rstrip("\n")
+    return result, out.rstrip("\n")
+
+
+# ---------------------------------------------------------------- every check
+
+
+def test_every_check_is_exported_documented_and_tested() -> None:
+    exported = {n for n in checks.__all__ if n != "CheckResult"}
+    assert exported == set(SOLUTIONS)
+    for name in exported:
+        assert "Shape:" in getattr(checks, name).__doc__, f"{name} does not document its shapes"
+    errata = {p.values[3] for p in WRONG}
+    assert {1, 2, 7, 8, 9, 12} <= errata  # the errata the course's checks must recognise
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_correct_solution_passes(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, SOLUTIONS[name])
+    assert result and result.passed and result.status == "passed"
+    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)  # no floats: same on every device
+    assert result.case is None and result.erratum is None
+
+
+@pytest.mark.parametrize(("name", "fn", "words", "erratum"), WRONG)
+def test_known_wrong_answer_fails_with_its_message(
+    capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str, erratum: int | None
+) -> None:
+    result, line = run(capsys, name, fn)
+    assert not result and result.status == "failed"
+    assert line.startswith(f"FAIL {name} [case ")
+    tag = f"ERRATA {erratum}: " if erratum is not None else "a known mistake: "
+    assert tag in line and words in line, line
+    assert result.erratum == erratum and result.case is not None and result.case in line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_is_not_implemented_yet(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    result, line = run(capsys, name, stub)
+    assert not result and result.status == "not implemented"
+    assert line == f"TODO {name}: not implemented yet"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_crash_is_a_failure_that_names_the_exception(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    def crashes(*args: Any, **kwargs: Any) -> Any:
+        return 1 / 0
+
+    result, line = run(capsys, name, crashes)
+    assert not result and result.status == "failed"
+    assert re.fullmatch(rf"FAIL {name} \[case 1/\d+: .+\]: raised ZeroDivisionError: division by zero", line)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_wrong_shape_says_expected_and_got(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, lambda *args, **kwargs: torch.zeros(3, 1))
+    assert not result
+    if name in NUMBER_CHECKS:
+        assert line.endswith("expected one number, got a tensor of shape (3, 1)")
+    else:
+        assert re.search(r"expected shape \([\d, ]*\), got \(3, 1\)$", line), line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_missing_return_and_wrong_type(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, lambda *args, **kwargs: None)
+    assert not result and line.endswith("returned None (is a `return` missing?)")
+    result, line = run(capsys, name, lambda *args, **kwargs: "answer")
+    kind = "a number" if name in NUMBER_CHECKS else "a torch.Tensor"
+    assert not result and line.endswith(f"expected {kind}, got str")
+
+
+# ---------------------------------------------------------------- the machinery
+
+
+def test_not_a_function(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "patchify", 3)
+    assert not result and line == "FAIL patchify: expected a function to check, got int"
+
+
+def test_an_unknown_wrong_answer_reports_the_largest_error(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "scaled_dot_product_attention", lambda q, k, v, mask=None: v)
+    assert not result and result.erratum is None
+    assert re.search(r"\[case 1/4: q, k, v \(1, 2, 4, 8\)\]: values differ from the reference: max error [\d.e+-]+ "
+                     r"at index \(\d, \d, \d, \d\) \(expected [-\d.e+]+, got [-\d.e+]+\)$", line), line  # fmt: skip
+
+
+def test_not_implemented_in_a_later_case_names_the_case(capsys: pytest.CaptureFixture[str]) -> None:
+    def no_mask_yet(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        if mask is not None:
+            raise NotImplementedError("masks come next")
+        return attention_ok(q, k, v)
+
+    result, line = run(capsys, "scaled_dot_product_attention", no_mask_yet)
+    assert not result and result.status == "not implemented"
+    assert line.startswith("TODO scaled_dot_product_attention [case 3/4: ") and line.endswith("not implemented yet")
+
+
+def test_a_check_does_not_catch_keyboard_interrupt() -> None:
+    def interrupted(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        checks.t2t_token_count(interrupted)
+
+
+def test_in_place_edits_of_the_inputs_do_not_leak_between_calls(capsys: pytest.CaptureFixture[str]) -> None:
+    def unscaled_then_zeroes_its_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        out = explicit(q, k, v, mask, scale=1.0)
+        q.zero_(), k.zero_()  # the known wrong answers must still see the case's inputs
+        return out
+
+    result, line = run(capsys, "scaled_dot_product_attention", unscaled_then_zeroes_its_inputs)
+    assert result.erratum == 1 and "not scaled" in line
+
+
+def test_wrong_answers_agreeing_on_one_case_are_told_apart_by_the_others(capsys: pytest.CaptureFixture[str]) -> None:
+    # At depth 18, "depth + 2" and "depth < 18" both give 1e-5; depth 17 tells them apart.
+    strict = next(p.values[1] for p in WRONG if p.id == "strict")
+    _, line = run(capsys, "layer_scale_init", strict)
+    assert "depth=18]" in line and "exactly 18" in line
+
+
+def test_index_checks_want_an_integer_tensor(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "levit_bias_indices", lambda r: levit_idx_ok(r).float())
+    assert not result and line.endswith("expected an integer tensor (e.g. torch.long), got torch.float32")
+
+
+def test_t2t_token_count_gives_the_papers_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    # ERRATA 9: 224 -> 56 -> 28 -> 14 with (k, s, p) = (7, 4, 2), (3, 2, 1), (3, 2, 1).
+    assert [t2t_ok(*c) for c in ((224, 7, 4, 2), (56, 3, 2, 1), (28, 3, 2, 1))] == [56, 28, 14]
+    result, _ = run(capsys, "t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) // s + 1)
+    assert result
+
+
+def test_check_result_is_truthy_only_when_passed() -> None:
+    assert CheckResult("x", "passed", "PASS x")
+    assert not CheckResult("x", "failed", "FAIL x")
+    assert not CheckResult("x", "not implemented", "TODO x")
+
+
+# ---------------------------------------------------------------- the definitions are vitlab's
+
+
+def test_re_attention_definition_is_the_models_head_mixing() -> None:
+    torch.manual_seed(0)
+    layer = ReAttention(12, num_heads=3)
+    attn = torch.randn(2, 3, 5, 5).softmax(-1)
+    theta = layer.reatten_matrix.weight.detach()[:, :, 0, 0].T  # the conv's weight is θ^T
+    with torch.no_grad():
+        expected = layer.reatten_matrix(attn) - layer.reatten_matrix.bias[None, :, None, None]
+    torch.testing.assert_close(re_attention_ok(attn, theta), expected)
+
+
+def test_class_attention_definition_is_the_models_class_attn() -> None:
+    torch.manual_seed(0)
+    layer = ClassAttn(12, num_heads=3, qkv_bias=False, fused=False).eval()
+    layer.proj = nn.Identity()
+    x = torch.randn(2, 7, 12)
+    with torch.no_grad():
+        expected = layer(x)
+    got = class_attention_ok(x, layer.q.weight, layer.k.weight, layer.v.weight, 3)
+    torch.testing.assert_close(got, expected)
+
+
+def test_squeezed_kv_definition_is_the_models_conv_projection() -> None:
+    torch.manual_seed(0)
+    layer = ConvProjection(6, kernel_size=3, stride=2).eval()
+    layer.bn = nn.Identity()
+    x = torch.randn(2, 5 * 7, 6)
+    with torch.no_grad():
+        expected = layer(rearrange(x, "B (H W) C -> B C H W", H=5))
+    torch.testing.assert_close(squeezed_ok(x, (5, 7), layer.conv.weight.detach(), 2), expected)

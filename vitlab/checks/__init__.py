@@ -1,0 +1,61 @@
+"""Automatic checks for the course's "implement it" exercises.
+
+An exercise is three cells: a stub (``raise NotImplementedError``), the solution, and a
+check cell such as ``vitlab.checks.scaled_dot_product_attention(my_attention);``. Each
+check runs the function on a few seeded CPU cases against the reference, prints one
+line (``PASS ...``, ``FAIL ...`` naming the case and what differs, or ``TODO ...: not
+implemented yet``) and returns a :class:`CheckResult`, truthy only when passed. A
+wrong answer that matches a known one (ERRATA.md) is named. A check never raises on
+the student's behalf. End the cell with ``;`` so the notebook shows the line only.
+
+Signatures of the functions under test (two are fixed for graders and other tools:
+``scaled_dot_product_attention`` and ``t2t_token_count``):
+
+* ``patchify(fn)``: ``fn(images (B,C,H,W), patch_size) -> (B, N, P*P*C)``, pixels (p1 p2 c)
+* ``unpatchify(fn)``: ``fn(patches, patch_size, grid_size (h, w)) -> (B, C, H, W)``
+* ``scaled_dot_product_attention(fn)``: ``fn(q, k, v, mask=None) -> (B, h, N, d)``
+* ``split_heads(fn)``: ``fn(x (B,N,C), num_heads) -> (B, h, N, d)``, channels (h d)
+* ``hard_distillation_loss(fn)``: ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=0.5)``
+* ``soft_distillation_loss(fn)``: ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=, tau=)``
+* ``re_attention(fn)``: ``fn(attn (B,H,N,N), theta (H,H)) -> (B, H, N, N)``, before the norm
+* ``layer_scale_init(fn)``: ``fn(layer_index, depth) -> float``
+* ``class_attention(fn)``: ``fn(x (B,1+N,C), wq, wk, wv (C,C), num_heads) -> (B, 1, C)``
+* ``t2t_token_count(fn)``: ``fn(size, kernel, stride, padding) -> int``
+* ``soft_split(fn)``: ``fn(x (B,C,H,W), kernel, stride, padding) -> (B, L, C*k*k)``
+* ``squeezed_kv_projection(fn)``: ``fn(x (B,H*W,C), grid_size, weight (C,1,k,k), stride) -> (B, H'*W', C)``
+* ``pit_pooling(fn)``: ``fn(x (B,C,H,W), weight (2C,1,3,3), bias (2C,)) -> (B, 2C, H', W')``
+* ``levit_bias_indices(fn)``: ``fn(resolution) -> (r*r, r*r)`` integer tensor
+* ``levit_attention_logits(fn)``: ``fn(q, k, bias, scale) -> (B, h, N_q, N_k)``
+
+Each check's docstring defines its function exactly.
+"""
+
+from vitlab.checks._core import CheckResult
+from vitlab.checks.attention import scaled_dot_product_attention, split_heads
+from vitlab.checks.cait import class_attention, layer_scale_init
+from vitlab.checks.cvt import squeezed_kv_projection
+from vitlab.checks.deepvit import re_attention
+from vitlab.checks.deit import hard_distillation_loss, soft_distillation_loss
+from vitlab.checks.levit import levit_attention_logits, levit_bias_indices
+from vitlab.checks.patches import patchify, unpatchify
+from vitlab.checks.pit import pit_pooling
+from vitlab.checks.t2t import soft_split, t2t_token_count
+
+__all__ = [
+    "CheckResult",
+    "class_attention",
+    "hard_distillation_loss",
+    "layer_scale_init",
+    "levit_attention_logits",
+    "levit_bias_indices",
+    "patchify",
+    "pit_pooling",
+    "re_attention",
+    "scaled_dot_product_attention",
+    "soft_distillation_loss",
+    "soft_split",
+    "split_heads",
+    "squeezed_kv_projection",
+    "t2t_token_count",
+    "unpatchify",
+]

@@ -1,0 +1,105 @@
+"""Checks for the LeViT chapter: the attention-bias indices and where the bias goes (ERRATA 12)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
+from vitlab.models.levit import attention_bias_index
+
+
+def _signed_index(r: int) -> Tensor:
+    """Swin's relative-position index: signed offsets, a (2r - 1)^2 table."""
+    points = torch.stack(torch.meshgrid(torch.arange(r), torch.arange(r), indexing="ij")).flatten(1)  # (2, N)
+    offsets = points[:, :, None] - points[:, None, :] + (r - 1)  # (2, N, N), in [0, 2r - 2]
+    return offsets[0] * (2 * r - 1) + offsets[1]
+
+
+def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(resolution) -> idx``: which bias-table entry each (query, key) pair reads.
+
+    The ``r x r`` map's tokens are numbered row by row: token ``i`` sits at
+    ``(y, x) = (i // r, i % r)``. The pair ``(i, j)`` reads entry ``|dy| * r + |dx|``
+    (``dy = y_i - y_j``, ``dx = x_i - x_j``) of a table with ``r * r`` entries per head, as
+    the official code and :func:`vitlab.models.levit.attention_bias_index` number them.
+    Use ``torch.meshgrid(..., indexing="ij")`` (ERRATA 20). An integer tensor.
+
+    Shape: resolution int -> (r*r, r*r).
+    """
+    cases = [Case(f"resolution={r}", (r,)) for r in (1, 2, 3, 4, 7)]
+    wrongs = [
+        KnownWrong(
+            lambda r: attention_bias_index(r).reshape(r, r, r, r).permute(1, 0, 3, 2).reshape(r * r, r * r),
+            "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
+            "gives: number the tokens row by row, (y, x) = (i // r, i % r), with indexing='ij'",
+            20,
+        ),
+        KnownWrong(
+            _signed_index,
+            "these are signed offsets (Swin's (2r - 1)^2 table); LeViT's bias depends on the absolute offsets "
+            "|dy|, |dx| only: index |dy| * r + |dx| into r * r entries",
+        ),
+    ]
+    return run_check(
+        "levit_bias_indices",
+        fn,
+        cases,
+        attention_bias_index,
+        known_wrong=wrongs,
+        expect=Expect(integer=True, rtol=0.0, atol=0.0),
+    )
+
+
+def _logits(q: Tensor, k: Tensor, bias: Tensor, scale: float, *, where: str = "after") -> Tensor:
+    dots = q @ k.transpose(-2, -1)  # (B, h, N_q, N_k)
+    if where == "before":  # the paper's formula: softmax((QK^T + B) / sqrt(D))
+        return (dots + bias) * scale
+    if where == "rescaled":  # the note's code: dots + bias / scale
+        return dots * scale + bias / scale
+    return dots * scale + bias
+
+
+def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(q, k, bias, scale) -> logits``: LeViT's attention logits, before the softmax.
+
+    ``q k^T * scale + bias`` with ``scale = D**-0.5``: the bias is added *after* scaling
+    and is not rescaled (ERRATA 12; the official code and timm, see ``LeViTAttention`` in
+    :mod:`vitlab.models.levit`). One case is shrink attention (fewer queries than keys).
+
+    Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k), scale float -> (B, h, N_q, N_k).
+    """
+    cases = []
+    sizes = ((1, 1, 4, 4, 8), (2, 2, 9, 9, 4), (2, 3, 16, 16, 16), (1, 2, 4, 16, 8))  # (B, h, N_q, N_k, D)
+    for seed, (B, h, n_q, n_k, D) in enumerate(sizes):
+        g = generator(seed)
+        q, k = torch.randn(B, h, n_q, D, generator=g), torch.randn(B, h, n_k, D, generator=g)
+        bias = torch.randn(h, n_q, n_k, generator=g)
+        scale = D**-0.5
+        cases.append(Case(f"q {shape(q)}, k {shape(k)}, scale={scale:g}", (q, k, bias, scale)))
+    wrongs = [
+        KnownWrong(
+            lambda q, k, b, s: _logits(q, k, b, s, where="before"),
+            "the bias is added before scaling, (QK^T + B) * scale, as the paper's formula writes it; the official "
+            "code and timm add it after: QK^T * scale + B",
+            12,
+        ),
+        KnownWrong(
+            lambda q, k, b, s: _logits(q, k, b, s, where="rescaled"),
+            "the bias is rescaled (dots + bias / scale, as in the note); add it as it is: QK^T * scale + B",
+            12,
+        ),
+        KnownWrong(
+            lambda q, k, b, s: _logits(q, k, b, s).softmax(dim=-1),
+            "these are attention weights (after the softmax); return the logits",
+        ),
+        KnownWrong(
+            lambda q, k, b, s: (q @ k.transpose(-2, -1)) / s + b,
+            "the logits are divided by scale; scale is already D**-0.5, so multiply",
+        ),
+        KnownWrong(lambda q, k, b, s: (q @ k.transpose(-2, -1)) * s, "the bias is missing"),
+    ]
+    return run_check("levit_attention_logits", fn, cases, _logits, known_wrong=wrongs)

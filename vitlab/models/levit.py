@@ -1,0 +1,350 @@
+"""LeViT (Graham et al., 2021): a ViT in ConvNet's clothing, built for fast inference.
+
+A conv stem (four 3x3 stride-2 convs) turns 224 px into a 14x14 map; three transformer
+stages run at 14x14, 7x7 and 4x4, joined by *shrink attention* (queries subsampled with
+stride 2). There is no position embedding: every attention layer adds a learned per-head
+*attention bias* indexed by the offset (|dy|, |dx|) between query and key. Every linear
+layer is followed by BatchNorm (it folds into the weights at inference), every activation
+is Hardswish, keys are small (D = 16 or 32) and the MLP ratio is 2. Two heads, ``head``
+and ``head_dist`` (DeiT-style distillation), are averaged at inference.
+
+Attribute names follow timm's ``levit.py``; ``convert_timm`` renames three of them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from vitlab.layers import DropPath, check_image
+
+STEM_STRIDE = 16  # four stride-2 convs: 224 -> 112 -> 56 -> 28 -> 14
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeViTConfig:
+    """Hyperparameters of a LeViT. Defaults are LeViT-128S."""
+
+    img_size: int = 224
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: tuple[int, ...] = (128, 256, 384)
+    key_dim: int = 16
+    num_heads: tuple[int, ...] = (4, 6, 8)  # per stage; shrink attention has embed_dim[i] // key_dim
+    depth: tuple[int, ...] = (2, 3, 4)
+    attn_ratio: float = 2.0  # value dim = attn_ratio * key_dim in the stages
+    down_attn_ratio: float = 4.0  # ... and in shrink attention
+    mlp_ratio: float = 2.0
+    distilled: bool = True
+    drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    fused_attn: bool = True
+
+    def __post_init__(self) -> None:
+        E, D = self.embed_dim, self.key_dim
+        if not len(E) == len(self.depth) == len(self.num_heads):
+            raise ValueError(
+                f"embed_dim, depth and num_heads need one entry per stage, got lengths "
+                f"{len(E)}, {len(self.depth)}, {len(self.num_heads)}"
+            )
+        if self.img_size <= 0 or self.img_size % STEM_STRIDE:
+            raise ValueError(f"img_size must be a positive multiple of {STEM_STRIDE} (the stem), got {self.img_size}")
+        if min(E + self.depth + self.num_heads + (D, self.in_chans)) <= 0 or E[0] % 8:
+            raise ValueError(
+                f"embed_dim, depth, num_heads, key_dim must be positive and embed_dim[0] a multiple of 8 (stem "
+                f"widths C/8, C/4, C/2), got embed_dim={E}, depth={self.depth}, num_heads={self.num_heads}, key_dim={D}"
+            )
+        for i, dim in enumerate(E[:-1]):  # shrink attention after stage i has C/D heads
+            if dim % D:
+                raise ValueError(f"shrink attention needs embed_dim[{i}] divisible by key_dim, got {dim} and {D}")
+        for name in ("attn_ratio", "down_attn_ratio"):
+            value_dim = getattr(self, name) * D
+            if value_dim <= 0 or value_dim != int(value_dim):
+                raise ValueError(f"{name} * key_dim must be a positive integer, got {getattr(self, name)} * {D}")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
+
+    @property
+    def resolutions(self) -> list[int]:
+        """Side of the feature map in each stage: 14, 7, 4 at 224 px."""
+        sides = [self.img_size // STEM_STRIDE]
+        for _ in self.depth[1:]:
+            sides.append((sides[-1] - 1) // 2 + 1)  # stride-2 subsampling keeps rows 0, 2, 4, ...
+        return sides
+
+
+def attention_bias_index(resolution: int, stride: int = 1) -> Tensor:
+    """Index into the per-head bias table for every (query, key) pair.
+
+    Keys sit on the ``r x r`` grid, queries on every ``stride``-th point of it. The pair's
+    offset ``(|dy|, |dx|)`` becomes the single index ``|dy| * r + |dx|``, so a table of
+    ``r * r`` entries per head covers every offset (the official code's numbering too).
+
+    Shape: -> (N_q, N_k), N_k = r * r, N_q = ceil(r / stride) ** 2.
+    """
+    r = resolution
+    keys = torch.stack(torch.meshgrid(torch.arange(r), torch.arange(r), indexing="ij")).flatten(1)  # (2, N_k)
+    q_axis = torch.arange(0, r, stride)
+    queries = torch.stack(torch.meshgrid(q_axis, q_axis, indexing="ij")).flatten(1)  # (2, N_q)
+    offsets = (queries[:, :, None] - keys[:, None, :]).abs()  # (2, N_q, N_k): |dy|, |dx|
+    return offsets[0] * r + offsets[1]
+
+
+def conv_norm(in_chans: int, out_chans: int) -> nn.Sequential:
+    """3x3 stride-2 conv without bias, then BatchNorm. Shape: (B, C_in, H, W) -> (B, C_out, H/2, W/2)."""
+    conv = nn.Conv2d(in_chans, out_chans, kernel_size=3, stride=2, padding=1, bias=False)
+    return nn.Sequential(OrderedDict(conv=conv, bn=nn.BatchNorm2d(out_chans)))
+
+
+class LinearNorm(nn.Module):
+    """Linear without bias, then BatchNorm over the features of all ``B * N`` tokens.
+
+    BatchNorm instead of LayerNorm: at inference it is a fixed affine map that folds into
+    the linear weights, so it costs nothing. ``bn_weight_init=0`` makes a residual branch
+    start as the identity.
+
+    Shape: x (B, N, C_in) -> (B, N, C_out).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bn_weight_init: float = 1.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=False)
+        self.bn = nn.BatchNorm1d(out_features)
+        nn.init.constant_(self.bn.weight, bn_weight_init)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.linear(x)
+        return self.bn(x.flatten(0, 1)).reshape_as(x)  # BatchNorm1d wants (B*N, C)
+
+
+class LeViTAttention(nn.Module):
+    """LeViT attention: ``softmax(q k^T * D**-0.5 + B) v``, Hardswish, BN'd projection.
+
+    ``B`` is the learned bias ``attention_biases[:, attention_bias_idxs]``: one table of
+    ``r * r`` values per head, gathered by query-key offset. It is zero-initialised and
+    added *after* scaling, not rescaled (ERRATA 12). With ``stride=2`` this is shrink
+    attention: keys and values see the whole ``r x r`` map, queries every second position.
+
+    Shape: x (B, r*r, dim) -> (B, ceil(r/stride)**2, out_dim).
+    """
+
+    def __init__(
+        self, dim: int, out_dim: int, *, key_dim: int, num_heads: int, attn_ratio: float, resolution: int,
+        stride: int = 1, fused: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.num_heads, self.key_dim, self.val_dim = num_heads, key_dim, int(attn_ratio * key_dim)
+        self.scale = key_dim**-0.5
+        self.resolution, self.stride = resolution, stride
+        self.fused_attn = fused
+        h, D, Dv = num_heads, key_dim, self.val_dim
+        if stride == 1:
+            self.qkv = LinearNorm(dim, h * (2 * D + Dv))  # per head [q | k | v], as timm and the official code
+        else:
+            self.kv = LinearNorm(dim, h * (D + Dv))  # per head [k | v]
+            self.q = LinearNorm(dim, h * D)
+        self.act = nn.Hardswish()
+        # A residual branch starts at zero (BN weight 0); shrink attention has no residual
+        # around it (the shape changes), so its output must not start at zero.
+        self.proj = LinearNorm(h * Dv, out_dim, bn_weight_init=0.0 if stride == 1 else 1.0)
+        self.attention_biases = nn.Parameter(torch.zeros(h, resolution * resolution))
+        self.register_buffer("attention_bias_idxs", attention_bias_index(resolution, stride), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h, D = self.num_heads, self.key_dim
+        if self.stride == 1:
+            qkv = rearrange(self.qkv(x), "B N (h d) -> B h N d", h=h)
+            q, k, v = qkv.split([D, D, self.val_dim], dim=-1)  # (B, h, N, D), (B, h, N, D), (B, h, N, Dv)
+        else:
+            k, v = rearrange(self.kv(x), "B N (h d) -> B h N d", h=h).split([D, self.val_dim], dim=-1)
+            grid = rearrange(x, "B (H W) C -> B H W C", H=self.resolution)
+            x_q = rearrange(grid[:, :: self.stride, :: self.stride], "B H W C -> B (H W) C")  # (B, N_q, C)
+            q = rearrange(self.q(x_q), "B N (h d) -> B h N d", h=h)  # (B, h, N_q, D)
+        bias = self.attention_biases[:, self.attention_bias_idxs]  # (h, N_q, N_k)
+        if self.fused_attn:
+            # A float attn_mask is added to the scaled logits: softmax(q k^T * scale + bias).
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=self.scale)
+        else:
+            attn = (q @ k.transpose(-2, -1)) * self.scale + bias  # (B, h, N_q, N_k); bias after scaling
+            out = attn.softmax(dim=-1) @ v  # (B, h, N_q, Dv)
+        return self.proj(self.act(rearrange(out, "B h N d -> B N (h d)")))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, key_dim={self.key_dim}, stride={self.stride}, fused_attn={self.fused_attn}"
+
+
+class LeViTMlp(nn.Module):
+    """BN'd linear (C -> hidden), Hardswish, BN'd linear (hidden -> C). Shape: (B, N, C) -> (B, N, C)."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.ln1 = LinearNorm(dim, hidden_dim)
+        self.act = nn.Hardswish()
+        self.ln2 = LinearNorm(hidden_dim, dim, bn_weight_init=0.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ln2(self.act(self.ln1(x)))
+
+
+class LeViTBlock(nn.Module):
+    """Residual attention, then residual MLP; no LayerNorm (BN'd linears). Shape: (B, N, C) -> (B, N, C)."""
+
+    def __init__(self, dim: int, *, config: LeViTConfig, num_heads: int, resolution: int) -> None:
+        super().__init__()
+        self.attn = LeViTAttention(
+            dim, dim, key_dim=config.key_dim, num_heads=num_heads, attn_ratio=config.attn_ratio,
+            resolution=resolution, fused=config.fused_attn,
+        )  # fmt: skip
+        self.drop_path1 = DropPath(config.drop_path_rate)
+        self.mlp = LeViTMlp(dim, int(dim * config.mlp_ratio))
+        self.drop_path2 = DropPath(config.drop_path_rate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path1(self.attn(x))
+        return x + self.drop_path2(self.mlp(x))
+
+
+class LeViTDownsample(nn.Module):
+    """Shrink attention (C/D heads, value 4D, stride 2, no residual), then a residual MLP.
+
+    Shape: x (B, r*r, C_in) -> (B, ceil(r/2)**2, C_out)."""
+
+    def __init__(self, in_dim: int, out_dim: int, *, config: LeViTConfig, resolution: int) -> None:
+        super().__init__()
+        self.attn_downsample = LeViTAttention(
+            in_dim, out_dim, key_dim=config.key_dim, num_heads=in_dim // config.key_dim,
+            attn_ratio=config.down_attn_ratio, resolution=resolution, stride=2, fused=config.fused_attn,
+        )  # fmt: skip
+        self.mlp = LeViTMlp(out_dim, int(out_dim * config.mlp_ratio))
+        self.drop_path = DropPath(config.drop_path_rate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.attn_downsample(x)
+        return x + self.drop_path(self.mlp(x))
+
+
+class LeViTStage(nn.Module):
+    """Optional shrink attention, then ``depth`` blocks. Shape: x (B, N_in, C_in) -> (B, N, C)."""
+
+    def __init__(self, i: int, config: LeViTConfig) -> None:
+        super().__init__()
+        dims, res = config.embed_dim, config.resolutions
+        self.downsample = (
+            LeViTDownsample(dims[i - 1], dims[i], config=config, resolution=res[i - 1]) if i > 0 else nn.Identity()
+        )
+        self.blocks = nn.Sequential(*[
+            LeViTBlock(dims[i], config=config, num_heads=config.num_heads[i], resolution=res[i])
+            for _ in range(config.depth[i])
+        ])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.blocks(self.downsample(x))
+
+
+class LeViT(nn.Module):
+    """LeViT: conv stem, three attention stages, mean pooling, two BN + Linear heads.
+
+    Returns ``(head logits, head_dist logits)`` in training mode (for a distillation
+    loss, as the official code) and their mean in eval mode.
+    NOTE(paper): timm returns the mean in training too unless ``set_distilled_training``.
+
+    Shape: images (B, C, H, W) -> logits (B, num_classes), or a pair in distilled training.
+    """
+
+    def __init__(self, config: LeViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        C = config.embed_dim[0]
+        self.stem = nn.Sequential(OrderedDict([
+            ("conv1", conv_norm(config.in_chans, C // 8)), ("act1", nn.Hardswish()),
+            ("conv2", conv_norm(C // 8, C // 4)), ("act2", nn.Hardswish()),
+            ("conv3", conv_norm(C // 4, C // 2)), ("act3", nn.Hardswish()),
+            ("conv4", conv_norm(C // 2, C)),
+        ]))  # fmt: skip
+        # NOTE(paper): drop path has one rate in every block (official code and timm), no ramp.
+        self.stages = nn.Sequential(*[LeViTStage(i, config) for i in range(len(config.embed_dim))])
+        self.head = self._make_head()
+        self.head_dist = self._make_head() if config.distilled else None
+
+    def _make_head(self) -> nn.Module:
+        """BatchNorm, dropout, Linear (LeViT's head is BN'd too). Shape: (B, C) -> (B, num_classes)."""
+        C, num_classes = self.config.embed_dim[-1], self.config.num_classes
+        if num_classes == 0:
+            return nn.Identity()
+        linear = nn.Linear(C, num_classes)
+        nn.init.trunc_normal_(linear.weight, std=0.02)
+        nn.init.zeros_(linear.bias)
+        return nn.Sequential(OrderedDict(bn=nn.BatchNorm1d(C), drop=nn.Dropout(self.config.drop_rate), linear=linear))
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, r*r, C_last), r = 4 at 224 px."""
+        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1))
+        size = self.config.img_size
+        if x.shape[-2:] != (size, size):
+            expected = ", ".join(f"{r}x{r}" for r in self.config.resolutions)
+            H, W = x.shape[-2:]
+            raise ValueError(
+                f"expected image size {size}x{size} (the attention bias tables are built for {expected} "
+                f"feature maps), got {H}x{W} (a {H // STEM_STRIDE}x{W // STEM_STRIDE} first feature map)"
+            )
+        x = self.stem(x)  # (B, C, 14, 14)
+        return self.stages(rearrange(x, "B C H W -> B (H W) C"))
+
+    def forward_head(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Mean-pool the tokens (there is no cls token) and classify with both heads.
+
+        Shape: x (B, N, C) -> (B, num_classes), or a pair in distilled training.
+        """
+        x = x.mean(dim=1)  # (B, C)
+        logits = self.head(x)
+        if self.head_dist is None:
+            return logits
+        dist_logits = self.head_dist(x)
+        if self.training:
+            return logits, dist_logits
+        return (logits + dist_logits) / 2  # inference: average the two heads
+
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, C, H, W) -> (B, num_classes) [or a pair, see the class docstring]."""
+        return self.forward_head(self.forward_features(x))
+
+
+CONFIGS: dict[str, LeViTConfig] = {
+    # Official `specification` (facebookresearch/LeViT levit.py; REFERENCE_NUMBERS.md Table 2):
+    # C per stage, D = key_dim, N = heads, X = depth. Counts include head_dist (timm's).
+    "levit_128s": LeViTConfig(embed_dim=(128, 256, 384), key_dim=16, num_heads=(4, 6, 8), depth=(2, 3, 4)),  # 7,777,058
+    "levit_128": LeViTConfig(embed_dim=(128, 256, 384), key_dim=16, num_heads=(4, 8, 12), depth=(4, 4, 4)),  # 9,213,936
+    "levit_192": LeViTConfig(embed_dim=(192, 288, 384), key_dim=32, num_heads=(3, 5, 6), depth=(4, 4, 4)),  # 10,947,069
+    "levit_256": LeViTConfig(embed_dim=(256, 384, 512), key_dim=32, num_heads=(4, 6, 8), depth=(4, 4, 4)),  # 18,893,876
+    "levit_384": LeViTConfig(embed_dim=(384, 512, 768), key_dim=32, num_heads=(6, 9, 12), depth=(4, 4, 4)),  # 39,128,836
+}
+
+MODEL = LeViT
+
+
+def convert_timm(state_dict: Mapping[str, Tensor], config: LeViTConfig) -> dict[str, Tensor]:
+    """timm ``LevitDistilled`` -> ``LeViT``.
+
+    Three renames: the stem's conv is ``conv`` (timm: ``linear``), the projection and the
+    shrink-attention query layer lose timm's ``Sequential`` wrapper (``proj.ln.``, ``q.ln.``).
+    ``attention_bias_idxs`` is recomputed, not loaded.
+    """
+    out = {}
+    for key, value in state_dict.items():
+        if key.endswith("attention_bias_idxs"):
+            continue
+        if key.startswith("stem."):
+            key = key.replace(".linear.", ".conv.")
+        out[key.replace(".proj.ln.", ".proj.").replace(".q.ln.", ".q.")] = value
+    has_dist = any(k.startswith("head_dist.") for k in out)
+    if config.num_classes and has_dist != config.distilled:
+        raise ValueError(
+            f"config has distilled={config.distilled} but the state dict {'has' if has_dist else 'has no'} head_dist"
+        )
+    return out
