@@ -52,12 +52,15 @@ def test_timm_weights_with_random_biases_give_same_logits(name: str) -> None:
     assert_same_logits(model, reference, random_images(2, 240))
 
 
-def test_convert_timm_renames_only_the_branch_parameters() -> None:
+def test_convert_timm_renames_only_the_branch_parameters_and_cross_attention() -> None:
     state_dict = timm_model("crossvit_tiny_240").state_dict()
     converted = vitlab.convert_state_dict("crossvit_tiny_240", state_dict, "timm")
     renamed = {k for k in state_dict if k not in converted}
-    assert renamed == {"pos_embed_0", "pos_embed_1", "cls_token_0", "cls_token_1"}
+    branch = {"pos_embed_0", "pos_embed_1", "cls_token_0", "cls_token_1"}
+    assert branch <= renamed
+    assert all(".attn.w" in k for k in renamed - branch)  # the cross-attention's wq/wk/wv
     assert {"pos_embed.0", "pos_embed.1", "cls_token.0", "cls_token.1"} <= set(converted)
+    assert len(converted) == len(state_dict)
 
 
 @pytest.mark.parametrize("name", ["crossvit_tiny_240", "crossvit_9_dagger_240"])
@@ -120,9 +123,9 @@ def test_cross_attention_by_hand() -> None:
     attn = CrossAttention(64, num_heads=4, fused=False).eval()
     x = torch.randn(2, 1 + 10, 64)
     out, weights = attn(x, return_attn=True)
-    q = attn.wq(x[:, :1]).view(2, 1, 4, 16).transpose(1, 2)  # (B, h, 1, d)
-    k = attn.wk(x).view(2, 11, 4, 16).transpose(1, 2)  # (B, h, 1 + N, d)
-    v = attn.wv(x).view(2, 11, 4, 16).transpose(1, 2)
+    q = attn.q(x[:, :1]).view(2, 1, 4, 16).transpose(1, 2)  # (B, h, 1, d)
+    k = attn.k(x).view(2, 11, 4, 16).transpose(1, 2)  # (B, h, 1 + N, d)
+    v = attn.v(x).view(2, 11, 4, 16).transpose(1, 2)
     expected_weights = (q @ k.transpose(-2, -1) / 16**0.5).softmax(dim=-1)  # (B, h, 1, 1 + N)
     expected = attn.proj((expected_weights @ v).transpose(1, 2).reshape(2, 1, 64))
     torch.testing.assert_close(weights, expected_weights)

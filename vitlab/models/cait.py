@@ -28,6 +28,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers import (
     Block,
     LayerScale,
@@ -102,55 +103,8 @@ class TalkingHeadAttn(nn.Module):
         return (out, attn) if return_attn else out
 
 
-class ClassAttn(nn.Module):
-    """Class-attention: the cls token queries ``[cls, patches]``; only it is updated.
-
-    One query per image instead of 1 + N: the attention map is (1, 1 + N) per head, not
-    (1 + N, 1 + N). The softmax is the standard one, so a fused path exists too.
-    Separate ``q``, ``k``, ``v`` layers, as in the official code and timm.
-
-    Shape: x (B, 1 + N, C), cls token first -> (B, 1, C); attn (B, h, 1, 1 + N).
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int = 8,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        fused: bool = True,
-    ) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = check_heads(dim, num_heads)
-        self.scale = self.head_dim**-0.5
-        self.fused_attn = fused
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
-        self.k = nn.Linear(dim, dim, bias=qkv_bias)
-        self.v = nn.Linear(dim, dim, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N) when ``return_attn``]."""
-        h = self.num_heads
-        q = rearrange(self.q(x[:, :1]), "B n (h d) -> B h n d", h=h)  # (B, h, 1, d): the cls token only
-        k = rearrange(self.k(x), "B n (h d) -> B h n d", h=h)  # (B, h, 1 + N, d)
-        v = rearrange(self.v(x), "B n (h d) -> B h n d", h=h)  # (B, h, 1 + N, d)
-        attn = None
-        if self.fused_attn and not return_attn:
-            p = self.attn_drop.p if self.training else 0.0
-            out = fused_attention(q, k, v, scale=self.scale, dropout_p=p)
-        else:
-            out, attn = explicit_attention(q, k, v, scale=self.scale, attn_drop=self.attn_drop)
-        out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
-        return (out, attn) if return_attn else out
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, fused_attn={self.fused_attn}"
+# Class-attention is a shared layer (CrossViT uses it too); the name here is timm's.
+ClassAttn = ClassAttention
 
 
 class ClassAttentionBlock(nn.Module):

@@ -10,8 +10,8 @@ the fusion linear in the number of tokens instead of quadratic.
 
 Reads top to bottom: patch stems -> cross-attention -> multi-scale encoder -> config ->
 model -> paper presets -> timm weight conversion. Names follow timm's ``crossvit.py``
-(``patch_embed``, ``blocks[k].blocks/projs/fusion/revert_projs``, ``wq/wk/wv``, ``norm``,
-``head``). The per-branch ``pos_embed`` and ``cls_token`` are ParameterLists, as in the
+(``patch_embed``, ``blocks[k].blocks/projs/fusion/revert_projs``, ``norm``, ``head``);
+the shared cross-attention layer names timm's ``wq/wk/wv`` ``q/k/v``. The per-branch ``pos_embed`` and ``cls_token`` are ParameterLists, as in the
 official code (timm names them ``pos_embed_0``, ``cls_token_1``, ...).
 """
 
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers import (
     Block,
     DropPath,
@@ -80,53 +81,9 @@ class ConvStem(nn.Module):
         return rearrange(self.proj(x), "B D h w -> B (h w) D")
 
 
-class CrossAttention(nn.Module):
-    """Multi-head attention with a single query: the first token (a projected cls token).
-
-    Keys and values are all tokens ``[f(cls_i), patches_j]``, so the cls token also sees
-    itself. One query row makes the map (1, 1 + N) per head: cost linear in N.
-
-    Shape: x (B, 1 + N, C) -> (B, 1, C); attn (B, h, 1, 1 + N).
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        fused: bool = True,
-    ) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = check_heads(dim, num_heads)
-        self.scale = self.head_dim**-0.5
-        self.fused_attn = fused
-        self.wq = nn.Linear(dim, dim, bias=qkv_bias)
-        self.wk = nn.Linear(dim, dim, bias=qkv_bias)
-        self.wv = nn.Linear(dim, dim, bias=qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N) when ``return_attn``]."""
-        heads = "B n (h d) -> B h n d"
-        q = rearrange(self.wq(x[:, :1]), heads, h=self.num_heads)  # (B, h, 1, d): one query
-        k = rearrange(self.wk(x), heads, h=self.num_heads)  # (B, h, 1 + N, d)
-        v = rearrange(self.wv(x), heads, h=self.num_heads)  # (B, h, 1 + N, d)
-        attn = None
-        if self.fused_attn and not return_attn:
-            out = fused_attention(q, k, v, scale=self.scale, dropout_p=self.attn_drop.p if self.training else 0.0)
-        else:
-            out, attn = explicit_attention(q, k, v, scale=self.scale, attn_drop=self.attn_drop)
-        out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
-        return (out, attn) if return_attn else out
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, fused_attn={self.fused_attn}"
+# Cross-attention is the shared single-query layer: the (projected) cls token of one
+# branch is the only query over [that token, the other branch's patches].
+CrossAttention = ClassAttention
 
 
 class CrossAttentionBlock(nn.Module):
@@ -388,8 +345,12 @@ MODEL = CrossViT
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: CrossViTConfig) -> dict[str, Tensor]:
-    """timm ``CrossVit`` -> ``CrossViT``: ``pos_embed_0`` -> ``pos_embed.0`` (and ``cls_token_i``).
-
-    Every other name is the same; the official checkpoints already use ``pos_embed.0``.
+    """timm ``CrossVit`` -> ``CrossViT``: ``pos_embed_0`` -> ``pos_embed.0`` (and ``cls_token_i``,
+    as in the official checkpoints), and the cross-attention's ``wq/wk/wv`` -> ``q/k/v``.
     """
-    return {re.sub(r"^(pos_embed|cls_token)_(\d)$", r"\1.\2", k): v for k, v in state_dict.items()}
+    renamed = {}
+    for key, value in state_dict.items():
+        key = re.sub(r"^(pos_embed|cls_token)_(\d)$", r"\1.\2", key)
+        key = re.sub(r"\.attn\.w([qkv])\.", r".attn.\1.", key)  # timm's wq/wk/wv -> q/k/v
+        renamed[key] = value
+    return renamed
