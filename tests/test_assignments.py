@@ -1,0 +1,352 @@
+"""vitlab.assignments: student copies leak nothing and run; grading reads every kind of submission.
+
+The notebooks here are fabricated: two "implement it" exercises on real checks
+(``t2t_token_count``, ``scaled_dot_product_attention``) and one question. Kernels are the
+slow part (a few seconds each), so one module fixture runs them all in one ``grade`` call.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from vitlab.assignments import AssignmentError, make_student, student_notebook
+from vitlab.assignments.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "qzx_instructor_only_7f3a"  # must never reach a student
+TIMEOUT = 20  # seconds per notebook: a normal one here needs ~5 s, the hanging one uses all of it
+
+TOKEN_STUB = '''def token_count(size, kernel, stride, padding):
+    """Tokens along one side after a soft split."""
+    # YOUR CODE HERE
+    raise NotImplementedError'''
+TOKEN_RIGHT = '''def token_count(size, kernel, stride, padding):
+    """Tokens along one side after a soft split."""
+    return (size + 2 * padding - kernel) // stride + 1'''
+TOKEN_ERRATA_9 = '''def token_count(size, kernel, stride, padding):
+    return (size + 2 * padding - kernel) / (kernel - stride) + 1'''
+TOKEN_SYNTAX_ERROR = '''def token_count(size, kernel stride, padding):
+    return 0'''
+TOKEN_HANGS = '''def token_count(size, kernel, stride, padding):
+    import time
+
+    while True:  # a hang that leaves the CPU to the other notebooks
+        time.sleep(0.1)'''
+ATTENTION_STUB = '''def attention(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(d)) v. Shape: q, k, v (B, h, N, d) -> (B, h, N, d)."""
+    # YOUR CODE HERE
+    raise NotImplementedError'''
+ATTENTION_RIGHT = '''def attention(q, k, v, mask=None):
+    """softmax(q k^T / sqrt(d)) v. Shape: q, k, v (B, h, N, d) -> (B, h, N, d)."""
+    logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits.softmax(dim=-1) @ v'''
+ATTENTION_ERRATA_1 = '''def attention(q, k, v, mask=None):
+    logits = q @ k.transpose(-2, -1)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    emb_size = q.shape[1] * q.shape[-1]
+    return torch.softmax(logits, dim=-1) / emb_size**0.5 @ v'''
+
+
+def instructor_notebook() -> nbformat.NotebookNode:
+    """Two exercises and a question; instructor-only text carries MARKER in every hiding place."""
+    secret = {"note": MARKER}
+    cells = [
+        new_code_cell(
+            "import torch\n\nimport vitlab.checks",
+            metadata={"tags": ["hide-input"], "collapsed": False, "scrolled": True, "execution": {"start": MARKER}},
+            outputs=[nbformat.v4.new_output("stream", name="stdout", text=f"{MARKER}\n")],
+            execution_count=1,
+        ),
+        new_markdown_cell(
+            "## Exercises\n\nImplement `token_count(size, kernel, stride, padding)`.\n\n![grid](attachment:grid.png)",
+            attachments={"grid.png": {"image/png": "aGVsbG8="}, "old.png": {"image/png": MARKER}},
+        ),
+        new_code_cell(TOKEN_STUB, metadata={"tags": ["exercise"]}),
+        new_code_cell(
+            TOKEN_RIGHT + f"  # {MARKER}",
+            metadata={"tags": ["solution", "hide-input"], "jupyter": {"source_hidden": True}, "secret": secret},
+            outputs=[nbformat.v4.new_output("stream", name="stdout", text=MARKER)],
+            execution_count=3,
+        ),
+        new_code_cell("vitlab.checks.t2t_token_count(token_count);", metadata={"tags": ["check"]}),
+        new_markdown_cell("Implement `attention(q, k, v, mask=None)`."),
+        new_code_cell(ATTENTION_STUB, metadata={"tags": ["exercise"]}),
+        new_code_cell(ATTENTION_RIGHT, metadata={"tags": ["solution", "hide-input"]}),
+        new_code_cell("vitlab.checks.scaled_dot_product_attention(attention);", metadata={"tags": ["check"]}),
+        new_markdown_cell("Why is the division floored?"),
+        new_markdown_cell(
+            f"```{{dropdown}} Answer\nA window that does not fit is not a token. {MARKER}\n```",
+            metadata={"tags": ["answer"]},
+            attachments={"answer.png": {"image/png": MARKER}},
+        ),
+        new_markdown_cell("## References"),
+        new_code_cell('print("the end")'),
+    ]
+    notebook = new_notebook(cells=cells)
+    notebook.metadata = {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "instructor": secret,
+        "widgets": {"state": MARKER},
+    }
+    return notebook
+
+
+def write(notebook: nbformat.NotebookNode, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+    return path
+
+
+def submission(student: Path, token: str, attention: str, path: Path) -> Path:
+    """The student copy with the two stubs replaced by a student's answers.
+
+    Every check cell stores a stale ``PASS`` from the student's own run: the grader must
+    not believe it.
+    """
+    notebook = nbformat.read(student, as_version=4)
+    stubs = [cell for cell in notebook.cells if "exercise" in cell.metadata.get("tags", [])]
+    stubs[0].source, stubs[1].source = token, attention
+    for cell in notebook.cells:
+        if "check" in cell.metadata.get("tags", []):
+            name = cell.source.split("(")[0].split(".")[-1]
+            stale = f"PASS {name}: all 9 cases match the reference\n"
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=stale)]
+    return write(notebook, path)
+
+
+# ---------------------------------------------------------------- student copies (no kernel)
+
+
+def test_student_copy_hides_solutions_answers_outputs_and_metadata(tmp_path: Path) -> None:
+    source = write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
+    (copy,) = make_student([source.parent], tmp_path / "student")
+    text = copy.target.read_text(encoding="utf-8")
+    assert MARKER not in text, "instructor-only text leaked into the student notebook"
+    assert (copy.solutions_removed, copy.answers_removed) == (2, 1)
+    assert [(e.function, e.check) for e in copy.exercises] == [
+        ("token_count", "t2t_token_count"), ("attention", "scaled_dot_product_attention")
+    ]  # fmt: skip
+
+    student = json.loads(text)
+    assert set(student["metadata"]) == {"kernelspec", "language_info"}
+    assert len(student["cells"]) == len(instructor_notebook().cells) - 3
+    for cell in student["cells"]:
+        assert set(cell["metadata"]) <= {"tags"}, cell["metadata"]
+        assert set(cell["metadata"].get("tags", [])) <= {"exercise", "check"}
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None
+    stubs = [c for c in student["cells"] if "exercise" in c["metadata"].get("tags", [])]
+    assert ["".join(c["source"]) for c in stubs] == [TOKEN_STUB, ATTENTION_STUB]
+    assert sum("check" in c["metadata"].get("tags", []) for c in student["cells"]) == 2
+    assert student["cells"][1]["attachments"] == {"grid.png": {"image/png": "aGVsbG8="}}  # used: kept
+    nbformat.validate(nbformat.reads(text, as_version=4))
+
+
+BROKEN = {
+    "solution without a stub": (lambda cells: cells.pop(2), "does not follow a code cell tagged 'exercise'"),
+    "check missing": (lambda cells: cells.pop(4), "not followed by a code cell tagged 'check'"),
+    "solution of another function": (
+        lambda cells: setattr(cells[3], "source", TOKEN_RIGHT.replace("token_count", "tokens")),
+        "expected the stub's function 'token_count'",
+    ),
+    "stub that returns": (
+        lambda cells: setattr(cells[2], "source", "def token_count(size, kernel, stride, padding):\n    return 0"),
+        "must raise NotImplementedError",
+    ),
+    "stub called after its check": (
+        lambda cells: setattr(cells[-1], "source", "print(token_count(224, 7, 4, 2))"),
+        "cell 12, line 1: uses 'token_count', but the student's stub raises NotImplementedError",
+    ),
+    "helper only a solution defines": (
+        lambda cells: (
+            setattr(cells[3], "source", TOKEN_RIGHT + "\n\nSIDE = token_count(224, 7, 4, 2)"),
+            setattr(cells[-1], "source", "print(SIDE)"),
+        ),
+        "uses 'SIDE', but only the solution defines it",
+    ),
+    "untagged answer": (lambda cells: cells[10].metadata.pop("tags"), "answer dropdown in an untagged cell"),
+    "check of no exercise": (
+        lambda cells: cells.insert(1, new_code_cell("vitlab.checks.patchify(f);", metadata={"tags": ["check"]})),
+        "a check cell that follows no exercise",
+    ),
+    "unknown check": (
+        lambda cells: setattr(cells[4], "source", "vitlab.checks.token_count(token_count);"),
+        "vitlab.checks has no check named 'token_count'",
+    ),
+    "stored check output is not PASS": (
+        lambda cells: cells[4].outputs.append(
+            nbformat.v4.new_output("stream", name="stdout", text="FAIL t2t_token_count [case 1/9: ...]: ...\n")
+        ),
+        "the stored output of the check is not a PASS line",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_student_refuses_a_notebook_that_breaks_the_format(tmp_path: Path, case: str) -> None:
+    edit, message = BROKEN[case]
+    notebook = instructor_notebook()
+    edit(notebook.cells)
+    with pytest.raises(AssignmentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        student_notebook(notebook)
+    path = write(notebook, tmp_path / "ch.ipynb")
+    assert main(["student", str(path), "--out", str(tmp_path / "out")]) == 1
+    assert not (tmp_path / "out").exists(), "nothing may be written when a notebook is refused"
+
+
+def test_student_never_overwrites_its_source(tmp_path: Path) -> None:
+    path = write(instructor_notebook(), tmp_path / "ch.ipynb")
+    with pytest.raises(AssignmentError, match="would overwrite it"):
+        make_student([path], tmp_path)
+
+
+def test_validate_lists_exercises_and_fails_on_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(instructor_notebook(), tmp_path / "good.ipynb")
+    assert main(["validate", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "2 exercises, 1 question" in out
+    assert "token_count -> vitlab.checks.t2t_token_count  (cells 2, 3, 4)" in out
+    assert "attention -> vitlab.checks.scaled_dot_product_attention  (cells 6, 7, 8)" in out
+
+    bad = instructor_notebook()
+    bad.cells.pop(4)
+    write(bad, tmp_path / "bad.ipynb")
+    assert main(["validate", str(tmp_path)]) == 1
+    assert "bad.ipynb: 1 exercise, 1 question, 1 problem" in capsys.readouterr().out
+
+
+def test_the_course_notebooks_make_student_copies_without_solutions(tmp_path: Path) -> None:
+    """Every chapter passes the format checks, and no solution or answer reaches its copy."""
+    copies = make_student([ROOT / "notebooks"], tmp_path)
+    assert len(copies) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+    assert sum(c.solutions_removed for c in copies) >= 1, "no chapter has a cell tagged 'solution' yet"
+    for copy in copies:
+        instructor = json.loads(copy.source.read_text(encoding="utf-8"))
+        written = copy.target.read_text(encoding="utf-8")
+        student_sources = "\n".join("".join(c["source"]) for c in json.loads(written)["cells"])
+        for cell in instructor["cells"]:
+            tags = cell["metadata"].get("tags", [])
+            if "solution" in tags or "answer" in tags:
+                assert "".join(cell["source"]).strip() not in student_sources, f"{copy.source.name} leaks a {tags}"
+        assert '"solution"' not in written and '"answer"' not in written
+        assert '"outputs": []' in written or '"cell_type": "code"' not in written
+
+
+def test_nbformat_and_nbclient_are_imported_lazily() -> None:
+    """``import vitlab.assignments`` must work where only the models' requirements are installed."""
+    for path in (ROOT / "vitlab" / "assignments").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+        top += [n.module or "" for n in tree.body if isinstance(n, ast.ImportFrom)]
+        eager = [name for name in top if name.split(".")[0] in {"nbformat", "nbclient", "jupyter_client"}]
+        assert not eager, f"{path.name} imports {eager} at module level; import them inside the functions"
+
+
+# ---------------------------------------------------------------- grading (kernels)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Student copy made by the CLI, five submissions and a broken file, graded in one call."""
+    root = tmp_path_factory.mktemp("course")
+    write(instructor_notebook(), root / "instructor" / "ch.ipynb")
+    command = ["-m", "vitlab.assignments", "student", str(root / "instructor"), "--out", str(root / "student")]
+    subprocess.run([sys.executable, *command], check=True, capture_output=True, text=True)
+    student = root / "student" / "ch.ipynb"
+    subs = root / "submissions"
+    paths = [  # the hanging one first, so that its wait overlaps the others
+        submission(student, TOKEN_HANGS, ATTENTION_RIGHT, subs / "hangs.ipynb"),
+        student,
+        submission(student, TOKEN_RIGHT, ATTENTION_RIGHT, subs / "full.ipynb"),
+        submission(student, TOKEN_RIGHT, ATTENTION_STUB, subs / "partial.ipynb"),
+        submission(student, TOKEN_ERRATA_9, ATTENTION_ERRATA_1, subs / "wrong.ipynb"),
+        submission(student, TOKEN_SYNTAX_ERROR, ATTENTION_STUB, subs / "broken.ipynb"),
+    ]
+    (subs / "garbage.ipynb").write_text("this is not a notebook")
+    paths.append(subs / "garbage.ipynb")
+    out_csv, out_json = root / "results.csv", root / "results.json"
+    argv = ["grade", *map(str, paths), "--out", str(out_csv), "--json", str(out_json), "--timeout", str(TIMEOUT)]
+    # two at a time: kernel start-up and imports overlap, and the worker pool is exercised
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main([*argv, "--jobs", "2"]) == 0
+    with open(out_csv, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    by_name: dict[str, list[dict[str, str]]] = {}
+    for row in rows:  # keyed "student" for the copy, else the submission's file name
+        name = "student" if Path(row["notebook"]) == student else Path(row["notebook"]).name
+        by_name.setdefault(name, []).append(row)
+    return {"rows": by_name, "json": json.loads(out_json.read_text()), "stdout": stdout.getvalue()}
+
+
+def statuses(graded: dict, name: str) -> dict[str, str]:
+    return {row["exercise"]: row["status"] for row in graded["rows"][name]}
+
+
+def messages(graded: dict, name: str) -> dict[str, str]:
+    return {row["exercise"]: row["message"] for row in graded["rows"][name]}
+
+
+TOKEN, ATTENTION = "t2t_token_count", "scaled_dot_product_attention"
+
+
+def test_student_copy_runs_end_to_end_with_todo_lines(graded: dict) -> None:
+    assert statuses(graded, "student") == {TOKEN: "TODO", ATTENTION: "TODO"}
+    assert messages(graded, "student")[TOKEN] == f"TODO {TOKEN}: not implemented yet"
+    (result,) = [n for n in graded["json"]["notebooks"] if n["notebook"].endswith("student/ch.ipynb")]
+    assert (result["status"], result["error"], result["passed"], result["total"]) == ("OK", "", 0, 2)
+
+
+def test_grade_full_and_partial_solutions(graded: dict) -> None:
+    assert statuses(graded, "full.ipynb") == {TOKEN: "PASS", ATTENTION: "PASS"}
+    assert messages(graded, "full.ipynb")[TOKEN] == f"PASS {TOKEN}: all 9 cases match the reference"
+    assert statuses(graded, "partial.ipynb") == {TOKEN: "PASS", ATTENTION: "TODO"}
+    assert [r["function"] for r in graded["rows"]["full.ipynb"]] == ["token_count", "attention"]
+
+
+def test_grade_names_the_errata_of_wrong_answers(graded: dict) -> None:
+    assert statuses(graded, "wrong.ipynb") == {TOKEN: "FAIL", ATTENTION: "FAIL"}
+    assert "ERRATA 9" in messages(graded, "wrong.ipynb")[TOKEN]
+    assert "ERRATA 1" in messages(graded, "wrong.ipynb")[ATTENTION]
+
+
+def test_grade_reports_a_crash_and_runs_the_later_checks(graded: dict) -> None:
+    assert statuses(graded, "broken.ipynb") == {TOKEN: "ERROR", ATTENTION: "TODO"}
+    assert "NameError" in messages(graded, "broken.ipynb")[TOKEN]
+    (result,) = [n for n in graded["json"]["notebooks"] if n["notebook"].endswith("broken.ipynb")]
+    assert result["status"] == "ERROR" and result["error"].startswith("cell 2: SyntaxError"), result["error"]
+
+
+def test_grade_stops_a_hanging_notebook_and_goes_on(graded: dict) -> None:
+    assert statuses(graded, "hangs.ipynb") == {TOKEN: "TIMEOUT", ATTENTION: "TIMEOUT"}
+    assert f"ran past the {TIMEOUT} s limit in cell 3" in messages(graded, "hangs.ipynb")[TOKEN]
+    assert messages(graded, "hangs.ipynb")[ATTENTION].startswith("not run: ")
+    (result,) = [n for n in graded["json"]["notebooks"] if n["notebook"].endswith("hangs.ipynb")]
+    assert result["status"] == "TIMEOUT" and TIMEOUT <= result["seconds"] < TIMEOUT + 15
+
+
+def test_grade_reports_an_unreadable_file(graded: dict) -> None:
+    (row,) = graded["rows"]["garbage.ipynb"]
+    assert row["status"] == "ERROR" and row["message"].startswith("cannot read the notebook")
+
+
+def test_grade_prints_a_summary_per_notebook(graded: dict) -> None:
+    out = graded["stdout"]
+    assert "full.ipynb: 2/2 passed" in out and "partial.ipynb: 1/2 passed" in out
+    assert "wrong.ipynb: 0/2 passed" in out and "ERRATA 9" in out
+    assert "7 notebooks graded: 3/12 exercises passed" in out

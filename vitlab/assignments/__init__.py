@@ -1,0 +1,34 @@
+"""The instructor's workflow: validate chapters, make student copies, grade submissions.
+
+From the command line (``python -m vitlab.assignments --help``)::
+
+    python -m vitlab.assignments validate notebooks/
+    python -m vitlab.assignments student notebooks/ --out student/
+    python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300
+
+An instructor notebook marks its exercises with cell tags (``exercise``, ``solution``,
+``check``, ``answer``; see :mod:`vitlab.assignments.exercises`). ``nbformat`` and
+``nbclient`` are imported only when a notebook is read or run, so ``vitlab`` itself does
+not need them.
+"""
+
+from vitlab.assignments.exercises import AssignmentError, Exercise, NotebookReport, find_notebooks, inspect_notebook
+from vitlab.assignments.grade import ExerciseResult, NotebookResult, grade, grade_notebook, write_csv, write_json
+from vitlab.assignments.student import StudentCopy, make_student, student_notebook
+
+__all__ = [
+    "AssignmentError",
+    "Exercise",
+    "ExerciseResult",
+    "NotebookReport",
+    "NotebookResult",
+    "StudentCopy",
+    "find_notebooks",
+    "grade",
+    "grade_notebook",
+    "inspect_notebook",
+    "make_student",
+    "student_notebook",
+    "write_csv",
+    "write_json",
+]

@@ -1,0 +1,114 @@
+"""``python -m vitlab.assignments {validate,student,grade} ...``: the instructor's command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from vitlab.assignments.exercises import AssignmentError, find_notebooks, inspect_notebook
+from vitlab.assignments.grade import CSV_COLUMNS, grade, summary, write_csv, write_json
+from vitlab.assignments.student import make_student
+
+
+EXAMPLES = """examples:
+  python -m vitlab.assignments validate notebooks/
+  python -m vitlab.assignments student notebooks/ --out student/
+  python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300
+
+More in the book's page "For instructors" (book/instructors.md)."""
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def validate(args: argparse.Namespace) -> int:
+    import nbformat
+
+    failed = 0
+    for path, _ in find_notebooks(args.sources):
+        report = inspect_notebook(nbformat.read(path, as_version=4))
+        problems = list(report.errors)
+        if args.strict:
+            problems += report.warnings
+            problems += [] if report.exercises else ["no exercises (how to tag them: book/instructors.md)"]
+        found = f"{_plural(len(report.exercises), 'exercise')}, {_plural(report.questions, 'question')}"
+        print(f"{path}: {found}" + (f", {_plural(len(problems), 'problem')}" if problems else ""))
+        for ex in report.exercises:
+            cells = f"cells {ex.stub_cell}, {ex.solution_cell}, {ex.check_cell}"
+            print(f"  {ex.function} -> vitlab.checks.{ex.check}  ({cells})")
+        for line in problems:
+            print(f"  error: {line}")
+        for line in [] if args.strict else report.warnings:
+            print(f"  warning: {line}")
+        failed += bool(problems)
+    if failed:
+        print(f"{_plural(failed, 'notebook')} with problems")
+    return 1 if failed else 0
+
+
+def student(args: argparse.Namespace) -> int:
+    try:
+        copies = make_student(args.sources, args.out)
+    except AssignmentError as exc:
+        print(f"error: nothing written:\n{exc}", file=sys.stderr)
+        return 1
+    for copy in copies:
+        print(f"{copy.source} -> {copy.target}: {_plural(len(copy.exercises), 'exercise')}, removed "
+              f"{_plural(copy.solutions_removed, 'solution')} and {_plural(copy.answers_removed, 'answer')}")
+    return 0
+
+
+def grade_command(args: argparse.Namespace) -> int:
+    paths = [path for path, _ in find_notebooks(args.submissions)]
+    results = []
+    for result in grade(paths, timeout=args.timeout, jobs=args.jobs):
+        print(summary(result), flush=True)
+        results.append(result)
+    write_csv(results, args.out)
+    if args.json:
+        write_json(results, args.json, args.timeout)
+    passed, total = sum(r.passed for r in results), sum(r.total for r in results)
+    print(f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed; "
+          f"rows in {args.out}" + (f" and {args.json}" if args.json else ""))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vitlab.assignments",
+        description="The instructor's workflow: check the chapters, make student copies, grade submissions.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("validate", help="list each notebook's exercises and what breaks the format")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="instructor notebooks or folders of them")
+    p.add_argument("--strict", action="store_true", help="also fail on warnings and on notebooks with no exercises")
+    p.set_defaults(run=validate)
+
+    p = commands.add_parser("student", help="write student copies: no solutions, answers, outputs or metadata")
+    p.add_argument("sources", nargs="+", metavar="SRC", help="instructor notebooks or folders of them")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the student notebooks")
+    p.set_defaults(run=student)
+
+    p = commands.add_parser("grade", help="run submissions and collect what their check cells print")
+    p.add_argument("submissions", nargs="+", metavar="SUBMISSION", help="notebooks or folders of them")
+    p.add_argument("--out", required=True, metavar="CSV", help=f"results, columns: {', '.join(CSV_COLUMNS)}")
+    p.add_argument("--json", metavar="JSON", help="also write the results, with each notebook's summary, as JSON")
+    p.add_argument("--timeout", type=float, default=300, help="seconds for a whole notebook (default 300)")
+    p.add_argument("--jobs", type=int, default=1, help="notebooks run at the same time (default 1)")
+    p.set_defaults(run=grade_command)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except AssignmentError as exc:
+        parser.error(str(exc))
+    return 2  # parser.error exits; this line is for type checkers
+
+
+if __name__ == "__main__":
+    sys.exit(main())

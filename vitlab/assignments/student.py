@@ -1,0 +1,135 @@
+"""Student copies of instructor notebooks: no solutions, no answers, no outputs, no stray metadata.
+
+Kept: every other cell, with its source; the tags ``exercise`` and ``check`` (the grader
+finds checks by them) and ``raises-exception``; markdown attachments that the cell's text
+uses. Dropped: cells tagged ``solution`` or ``answer``, all outputs and execution counts,
+every other cell metadata (``execution``, ``collapsed``, ``scrolled``, ``jupyter``, display
+tags such as ``hide-input``) and all notebook metadata except ``kernelspec`` and
+``language_info``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vitlab.assignments.exercises import (
+    ANSWER,
+    CHECK,
+    EXERCISE,
+    SOLUTION,
+    AssignmentError,
+    Exercise,
+    find_notebooks,
+    inspect_notebook,
+    source,
+    tags,
+)
+
+KEEP_TAGS = (EXERCISE, CHECK, "raises-exception")
+KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
+
+
+@dataclass(frozen=True)
+class StudentCopy:
+    """One student notebook written by :func:`make_student`."""
+
+    source: Path
+    target: Path
+    exercises: list[Exercise]
+    solutions_removed: int
+    answers_removed: int
+
+
+def _scrub(cell: dict[str, Any]) -> dict[str, Any]:
+    """A fresh copy of a cell that keeps only what a student needs."""
+    text = source(cell)
+    clean: dict[str, Any] = {"cell_type": cell["cell_type"]}
+    if "id" in cell:
+        clean["id"] = cell["id"]
+    kept = [t for t in tags(cell) if t in KEEP_TAGS]
+    clean["metadata"] = {"tags": kept} if kept else {}
+    clean["source"] = text
+    if cell["cell_type"] == "code":
+        clean["execution_count"] = None
+        clean["outputs"] = []
+    elif "attachments" in cell:
+        used = {name: copy.deepcopy(data) for name, data in cell["attachments"].items() if f"attachment:{name}" in text}
+        if used:
+            clean["attachments"] = used
+    return clean
+
+
+def student_notebook(notebook: dict[str, Any]) -> dict[str, Any]:
+    """The student copy of an instructor notebook (a new dict; the argument is not changed).
+
+    Raises:
+        AssignmentError: the notebook breaks the exercise format (every problem is listed).
+    """
+    report = inspect_notebook(notebook)
+    if report.errors:
+        raise AssignmentError("\n".join(report.errors))
+    metadata = notebook.get("metadata", {})
+    return {
+        "cells": [_scrub(c) for c in notebook["cells"] if not {SOLUTION, ANSWER} & set(tags(c))],
+        "metadata": {k: copy.deepcopy(metadata[k]) for k in KEEP_NOTEBOOK_METADATA if k in metadata},
+        "nbformat": notebook["nbformat"],
+        "nbformat_minor": notebook["nbformat_minor"],
+    }
+
+
+def _leaks(instructor: dict[str, Any], written: str) -> list[str]:
+    """Solution and answer sources found in the written file (none, unless this module has a bug)."""
+    text = "\n".join(source(c) for c in json.loads(written)["cells"])
+    hidden = [source(c).strip() for c in instructor["cells"] if {SOLUTION, ANSWER} & set(tags(c))]
+    return [h[:60] for h in hidden if h and h in text]
+
+
+def make_student(sources: list[str | Path], out: str | Path) -> list[StudentCopy]:
+    """Write the student copy of every notebook in ``sources`` (files or folders) under ``out``.
+
+    A folder's notebooks keep their paths relative to it. Nothing is written unless every
+    notebook is valid; a source is never overwritten.
+
+    Raises:
+        AssignmentError: a notebook breaks the format, or a target would overwrite a source.
+    """
+    import nbformat
+
+    out = Path(out)
+    found = list(find_notebooks(sources))
+    if not found:
+        raise AssignmentError(f"no notebooks in {', '.join(map(str, sources))}")
+    plans, problems, targets = [], [], {}
+    for path, relative in found:
+        instructor = nbformat.read(path, as_version=4)
+        target = out / relative
+        if target.resolve() == path.resolve():
+            problems.append(f"{path}: the student copy would overwrite it; choose another --out")
+        elif target.resolve() in targets:
+            problems.append(f"{path}: same target {target} as {targets[target.resolve()]}")
+        targets[target.resolve()] = path
+        try:
+            plans.append((path, target, instructor, student_notebook(instructor)))
+        except AssignmentError as exc:
+            problems.extend(f"{path}: {line}" for line in str(exc).splitlines())
+    if problems:
+        raise AssignmentError("\n".join(problems))
+
+    written = []
+    for path, target, instructor, student in plans:
+        node = nbformat.from_dict(student)
+        nbformat.validate(node)
+        text = nbformat.writes(node)
+        leaked = _leaks(instructor, text)
+        if leaked:  # a bug here, never the author's: refuse to write it
+            raise AssignmentError(f"{path}: hidden cells would leak into the student copy: {leaked}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        exercises = inspect_notebook(instructor).exercises
+        count = {tag: sum(tag in tags(c) for c in instructor["cells"]) for tag in (SOLUTION, ANSWER)}
+        written.append(StudentCopy(path, target, exercises, count[SOLUTION], count[ANSWER]))
+    return written
