@@ -56,6 +56,13 @@ class CheckResult:
     def __bool__(self) -> bool:
         return self.passed
 
+    def _ipython_display_(self) -> None:
+        """Show nothing as a cell's value: the check already printed its one line.
+
+        (A trailing ``;`` is not enough: nbval runs cells without history, and IPython
+        then cannot see the ``;``.)
+        """
+
 
 @dataclass(frozen=True)
 class Case:
