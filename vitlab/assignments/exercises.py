@@ -276,8 +276,8 @@ def _check_the_check(cell: dict[str, Any], index: int, check: str, report: Noteb
         report.errors.append(f"cell {index}: vitlab.checks has no check named {check!r}")
     if len(re.findall(r"\bchecks\.\w+\s*\(", source(cell))) > 1:
         report.errors.append(f"cell {index}: a check cell runs exactly one check")
-    if not source(cell).rstrip().endswith(";"):
-        report.warnings.append(f"cell {index}: end the check cell with ';' so that only the check's line shows")
+    # A check's result displays nothing (CheckResult._ipython_display_), so both
+    # `vitlab.checks.x(fn);` and `result = vitlab.checks.x(fn)` show only the check's line.
     printed = "".join(
         "".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream"
     )

@@ -15,6 +15,8 @@ Signatures of the functions under test (two are fixed for graders and other tool
 * ``unpatchify(fn)``: ``fn(patches, patch_size, grid_size (h, w)) -> (B, C, H, W)``
 * ``scaled_dot_product_attention(fn)``: ``fn(q, k, v, mask=None) -> (B, h, N, d)``
 * ``split_heads(fn)``: ``fn(x (B,N,C), num_heads) -> (B, h, N, d)``, channels (h d)
+* ``encoder_block(fn)``: ``fn(x (B,N,C), block) -> (B, N, C)``, pre-norm, from the Block's sub-modules
+* ``vit_param_count(fn)``: ``fn(embed_dim, depth, patch_size, num_classes, img_size) -> int``
 * ``hard_distillation_loss(fn)``: ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=0.5)``
 * ``soft_distillation_loss(fn)``: ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=, tau=)``
 * ``re_attention(fn)``: ``fn(attn (B,H,N,N), theta (H,H)) -> (B, H, N, N)``, before the norm
@@ -36,6 +38,7 @@ from vitlab.checks.cait import class_attention, layer_scale_init
 from vitlab.checks.cvt import squeezed_kv_projection
 from vitlab.checks.deepvit import re_attention
 from vitlab.checks.deit import hard_distillation_loss, soft_distillation_loss
+from vitlab.checks.encoder import encoder_block, vit_param_count
 from vitlab.checks.levit import levit_attention_logits, levit_bias_indices
 from vitlab.checks.patches import patchify, unpatchify
 from vitlab.checks.pit import pit_pooling
@@ -44,6 +47,7 @@ from vitlab.checks.t2t import soft_split, t2t_token_count
 __all__ = [
     "CheckResult",
     "class_attention",
+    "encoder_block",
     "hard_distillation_loss",
     "layer_scale_init",
     "levit_attention_logits",
@@ -58,4 +62,5 @@ __all__ = [
     "squeezed_kv_projection",
     "t2t_token_count",
     "unpatchify",
+    "vit_param_count",
 ]

@@ -116,6 +116,8 @@ def shape(x: Tensor) -> str:
 
 
 def _fmt(x: float) -> str:
+    if float(x).is_integer() and abs(x) >= 1e4:
+        return f"{int(x):,}"  # parameter counts: 5,717,416, not 5.717e+06
     return f"{x:.4g}"
 
 

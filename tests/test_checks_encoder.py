@@ -1,0 +1,195 @@
+"""vitlab.checks.encoder_block and vit_param_count: a right answer passes, each known mistake is named.
+
+The "student" functions are written independently of the checks' references (other ops, other
+groupings), and the references themselves are compared with vitlab's Block and ViT.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import vitlab
+import vitlab.checks as checks
+from vitlab.checks import encoder as encoder_checks
+from vitlab.layers import Block
+from vitlab.models.vit import ViT, ViTConfig
+from test_checks import run  # runs a check; asserts one printed line and a CheckResult
+
+NAMES = ["encoder_block", "vit_param_count"]
+
+# ---------------------------------------------------------------- right answers
+
+
+def layer_norm(x: Tensor, norm: torch.nn.LayerNorm) -> Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def block_ok(x: Tensor, block: Block) -> Tensor:
+    attended = block.attn(layer_norm(x, block.norm1))
+    x = attended + x
+    return block.mlp(layer_norm(x, block.norm2)) + x
+
+
+def count_ok(embed_dim: int, depth: int, patch_size: int, num_classes: int, img_size: int) -> int:
+    D, tokens = embed_dim, 1 + (img_size // patch_size) ** 2
+    embedding = (3 * patch_size**2 + 1) * D + D + tokens * D  # conv, cls token, position embedding
+    per_block = (3 * D * D + 3 * D) + (D * D + D) + (4 * D * D + 4 * D) + (4 * D * D + D) + 2 * 2 * D
+    return embedding + depth * per_block + 2 * D + num_classes * (D + 1)
+
+
+SOLUTIONS: dict[str, Callable[..., Any]] = {"encoder_block": block_ok, "vit_param_count": count_ok}
+
+# ---------------------------------------------------------------- known wrong answers
+
+
+def post_norm(x: Tensor, b: Block) -> Tensor:
+    x = b.norm1(b.attn(x) + x)  # the original Transformer: LN after the residual add
+    return b.norm2(b.mlp(x) + x)
+
+
+def normalised_residual(x: Tensor, b: Block) -> Tensor:
+    x = b.norm1(x)  # x is overwritten by its normalised copy, which then also feeds the residual
+    x = x + b.attn(x)
+    x = b.norm2(x)
+    return x + b.mlp(x)
+
+
+def without(*parts: str) -> Callable[..., int]:
+    """count_ok minus some of its parts."""
+
+    def fn(D: int, L: int, P: int, K: int, img: int) -> int:
+        N = (img // P) ** 2
+        sizes = {
+            "cls": D, "pos": (1 + N) * D, "norms": L * 4 * D + 2 * D, "final_norm": 2 * D,
+            "biases": L * 9 * D + D + K, "head": K * D + K,
+        }  # fmt: skip
+        return count_ok(D, L, P, K, img) - sum(sizes[p] for p in parts)
+
+    return fn
+
+
+W = pytest.param  # (check, student function, words the message must contain, erratum)
+WRONG = [
+    W("encoder_block", post_norm, "post-norm, LN(x + f(x))", None, id="post_norm"),
+    W("encoder_block", lambda x, b: b.mlp(b.norm2(b.attn(b.norm1(x)))), "no residual connections", None,
+      id="no_residual"),
+    W("encoder_block", lambda x, b: (y := b.attn(b.norm1(x))) + b.mlp(b.norm2(y)), "attention sub-layer has no "
+      "residual", None, id="no_attn_residual"),
+    W("encoder_block", lambda x, b: b.mlp(b.norm2(x + b.attn(b.norm1(x)))), "MLP sub-layer has no residual", None,
+      id="no_mlp_residual"),
+    W("encoder_block", normalised_residual, "adds the normalised tokens", None, id="normalised_residual"),
+    W("encoder_block", lambda x, b: (y := x + b.norm1(b.attn(x))) + b.norm2(b.mlp(y)), "applied to the sub-layer's "
+      "output", None, id="norm_on_branch"),
+    W("encoder_block", lambda x, b: x + b.attn(b.norm1(x)) + b.mlp(b.norm2(x)), "parallel block", None,
+      id="parallel"),
+    W("encoder_block", lambda x, b: (y := x + b.attn(b.norm1(x))) + b.mlp(b.norm1(y)), "norm1 is used before the MLP",
+      None, id="norm1_twice"),
+    W("vit_param_count", without("cls", "pos"), "torchsummary total", 4, id="torchsummary"),
+    W("vit_param_count", without("cls"), "class token (D)", None, id="no_cls_token"),
+    W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - D, "(1 + N) * D, not N * D", None,
+      id="pos_embed_rows"),
+    W("vit_param_count", without("norms"), "LayerNorms are not counted", None, id="no_layernorm"),
+    W("vit_param_count", without("final_norm"), "final LayerNorm", None, id="no_final_norm"),
+    W("vit_param_count", without("biases"), "biases are not counted", None, id="no_biases"),
+    W("vit_param_count", without("norms", "biases"), "neither the LayerNorms nor the biases", None, id="weights_only"),
+    W("vit_param_count", without("head"), "classification head", None, id="no_head"),
+    W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - 2 * P * P * D, "3 colour channels", None,
+      id="one_channel"),
+    W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - ((img // P) ** 2 - img // P) * D,
+      "counts the patches along one side", None, id="patches_one_side"),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- the references are vitlab's
+
+
+def test_block_reference_is_vitlab_block() -> None:
+    for seed, (C, h) in enumerate(((8, 2), (24, 3))):
+        block = encoder_checks._block(C, h, seed)
+        x = torch.randn(2, 7, C, generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            torch.testing.assert_close(encoder_checks._pre_norm(x, block), Block.forward(block, x))
+
+
+def test_count_reference_is_vitlab_count() -> None:
+    for D, L, P, K, img in encoder_checks._CONFIGS:
+        with torch.device("meta"):  # no memory, no init cost: ViT-L/16 has 304 M parameters
+            heads = max(D // 64, 1)
+            config = ViTConfig(embed_dim=D, depth=L, patch_size=P, num_classes=K, img_size=img, num_heads=heads)
+            model = ViT(config)
+        assert encoder_checks._count(D, L, P, K, img) == vitlab.count_parameters(model)
+    assert encoder_checks._count(768, 12, 16, 1000, 224) == 86_567_656  # ViT-B/16, REFERENCE_NUMBERS.md
+    assert encoder_checks._count(1024, 24, 16, 1000, 224) == 304_326_632  # timm vit_large_patch16_224
+
+
+# ---------------------------------------------------------------- both checks
+
+
+def test_exported_and_documented() -> None:
+    for name in NAMES:
+        assert name in checks.__all__ and "Shape:" in getattr(checks, name).__doc__
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_correct_solution_passes(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, SOLUTIONS[name])
+    assert result and result.status == "passed" and result.case is None and result.erratum is None
+    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)
+
+
+@pytest.mark.parametrize(("name", "fn", "words", "erratum"), WRONG)
+def test_known_wrong_answer_fails_with_its_message(
+    capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str, erratum: int | None
+) -> None:
+    result, line = run(capsys, name, fn)
+    assert not result and result.status == "failed" and line.startswith(f"FAIL {name} [case ")
+    tag = f"ERRATA {erratum}: " if erratum is not None else "a known mistake: "
+    assert tag in line and words in line, line
+    assert result.erratum == erratum and result.case is not None and result.case in line
+
+
+def test_calling_the_block_itself_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "encoder_block", lambda x, block: block(x))
+    assert not result and "raised RuntimeError" in line and "not with block(x)" in line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_is_not_implemented_yet(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    def stub(*args: Any) -> Any:
+        raise NotImplementedError
+
+    result, line = run(capsys, name, stub)
+    assert not result and result.status == "not implemented" and line == f"TODO {name}: not implemented yet"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_crash_wrong_shape_and_missing_return_fail(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, lambda *args: 1 / 0)
+    assert not result and re.fullmatch(rf"FAIL {name} \[case 1/\d+: .+\]: raised ZeroDivisionError: division by zero",
+                                       line)  # fmt: skip
+    result, line = run(capsys, name, lambda *args: torch.zeros(3, 1))
+    assert not result and line.endswith(
+        "expected shape (1, 5, 8), got (3, 1)" if name == "encoder_block" else "got a tensor of shape (3, 1)"
+    )
+    result, line = run(capsys, name, lambda *args: None)
+    assert not result and line.endswith("returned None (is a `return` missing?)")
+
+
+def test_unexplained_wrong_answers_say_what_differs(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "encoder_block", lambda x, b: 2 * block_ok(x, b))
+    assert not result and "values differ from the reference: max error" in line
+    result, line = run(capsys, "vit_param_count", lambda *config: count_ok(*config) + 1)
+    assert not result and re.search(r"\[case 1/6: .+\]: expected \S+, got \S+$", line), line
+
+
+def test_checks_leave_the_global_rng_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    state = torch.random.get_rng_state()
+    run(capsys, "encoder_block", block_ok)
+    assert torch.equal(state, torch.random.get_rng_state())

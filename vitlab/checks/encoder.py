@@ -1,0 +1,244 @@
+"""Checks for chapter 3 (the ViT encoder): the pre-norm block by hand and ViT's parameter count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
+from vitlab.layers.block import Block
+
+# ---------------------------------------------------------------- the pre-norm block
+
+
+class _HandBlock(Block):
+    """A :class:`Block` that refuses ``block(x)``: the exercise composes its sub-modules."""
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor:
+        raise RuntimeError(
+            "compute the block by hand from block.norm1, block.attn, block.norm2 and block.mlp, not with block(x)"
+        )
+
+
+def _block(dim: int, num_heads: int, seed: int) -> Block:
+    """A seeded block in eval mode; LayerNorm gains and biases random too, so each sub-module matters."""
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's init must not move the notebook's global RNG
+        block = _HandBlock(dim, num_heads=num_heads).eval()
+    g = generator(seed)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.ndim == 2:  # a linear layer's weight, (C_out, C_in): fan-in scaling keeps activations O(1)
+                p.copy_(noise * p.shape[1] ** -0.5)
+            elif name.startswith("norm") and name.endswith("weight"):
+                p.copy_(1 + 0.2 * noise)
+            else:  # biases
+                p.copy_(0.2 * noise)
+    return block
+
+
+def _pre_norm(x: Tensor, block: Block) -> Tensor:
+    """ViT's block, as :meth:`vitlab.layers.Block.forward` with no LayerScale or drop path."""
+    x = x + block.attn(block.norm1(x))  # (B, N, C)
+    return x + block.mlp(block.norm2(x))  # (B, N, C)
+
+
+def _post_norm(x: Tensor, b: Block) -> Tensor:
+    x = b.norm1(x + b.attn(x))
+    return b.norm2(x + b.mlp(x))
+
+
+def _no_residual(x: Tensor, b: Block) -> Tensor:
+    return b.mlp(b.norm2(b.attn(b.norm1(x))))
+
+
+def _no_attention_residual(x: Tensor, b: Block) -> Tensor:
+    x = b.attn(b.norm1(x))
+    return x + b.mlp(b.norm2(x))
+
+
+def _no_mlp_residual(x: Tensor, b: Block) -> Tensor:
+    return b.mlp(b.norm2(x + b.attn(b.norm1(x))))
+
+
+def _normalised_residual(x: Tensor, b: Block) -> Tensor:
+    h = b.norm1(x)
+    x = h + b.attn(h)
+    h = b.norm2(x)
+    return h + b.mlp(h)
+
+
+def _norm_on_branch(x: Tensor, b: Block) -> Tensor:
+    x = x + b.norm1(b.attn(x))
+    return x + b.norm2(b.mlp(x))
+
+
+def _parallel(x: Tensor, b: Block) -> Tensor:
+    return x + b.attn(b.norm1(x)) + b.mlp(b.norm2(x))
+
+
+def _norm1_twice(x: Tensor, b: Block) -> Tensor:
+    x = x + b.attn(b.norm1(x))
+    return x + b.mlp(b.norm1(x))
+
+
+_BLOCK_WRONGS = (
+    KnownWrong(
+        _post_norm,
+        "post-norm, LN(x + f(x)) as in the original Transformer: the LayerNorm comes after the residual add. "
+        "ViT is pre-norm, each sub-layer reads a normalised copy and its output is added: x + f(LN(x))",
+    ),
+    KnownWrong(
+        _no_residual,
+        "no residual connections: each sub-layer's output replaces the tokens; add it to them, "
+        "x = x + attn(norm1(x)), then x = x + mlp(norm2(x))",
+    ),
+    KnownWrong(
+        _no_attention_residual,
+        "the attention sub-layer has no residual: x = x + attn(norm1(x)), not x = attn(norm1(x))",
+    ),
+    KnownWrong(
+        _no_mlp_residual,
+        "the MLP sub-layer has no residual: return x + mlp(norm2(x)), not mlp(norm2(x))",
+    ),
+    KnownWrong(
+        _normalised_residual,
+        "the residual adds the normalised tokens LN(x); add the sub-layer's input x itself, "
+        "x + attn(norm1(x)): the LayerNorm is on the branch only, the main path is a pure sum",
+    ),
+    KnownWrong(
+        _norm_on_branch,
+        "the LayerNorm is applied to the sub-layer's output, x + LN(f(x)); it normalises the sub-layer's "
+        "input: x + f(LN(x))",
+    ),
+    KnownWrong(
+        _parallel,
+        "attention and MLP both read the block's input (a parallel block); the MLP reads the output of the "
+        "attention sub-layer: x = x + attn(norm1(x)), then x = x + mlp(norm2(x))",
+    ),
+    KnownWrong(
+        _norm1_twice,
+        "norm1 is used before the MLP too; each sub-layer has its own LayerNorm: mlp(norm2(x))",
+    ),
+)
+
+
+def encoder_block(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(x, block) -> out``: one pre-norm ViT block computed by hand.
+
+    ``block`` is a :class:`vitlab.layers.Block` (random weights and LayerNorm gains, eval
+    mode, no LayerScale or drop path) whose own ``block(x)`` is switched off: compose its
+    sub-modules, ``x = x + block.attn(block.norm1(x))``, then
+    ``x = x + block.mlp(block.norm2(x))``, and return ``x``. The tokens have a mean and
+    a scale far from 0 and 1, so every LayerNorm and every residual changes the answer.
+
+    Shape: x (B, N, C), block Block(C, num_heads=h) -> (B, N, C).
+    """
+    cases = []
+    for seed, (B, N, C, h) in enumerate(((1, 5, 8, 2), (2, 10, 16, 4), (2, 17, 24, 3), (1, 50, 64, 4))):
+        x = 2 * torch.randn(B, N, C, generator=generator(100 + seed)) + 0.5
+        cases.append(Case(f"x {shape(x)}, num_heads={h}", (x, _block(C, h, seed))))
+    return run_check("encoder_block", fn, cases, _pre_norm, known_wrong=_BLOCK_WRONGS)
+
+
+# ---------------------------------------------------------------- the parameter count
+
+# (embed_dim, depth, patch_size, num_classes, img_size): ViT-Ti/16, ViT-B/16 (86,567,656),
+# ViT-B/16 at 384 px, ViT-B/32, ViT-L/16 (304,326,632), and a small CIFAR-10 ViT.
+_CONFIGS = (
+    (192, 12, 16, 1000, 224), (768, 12, 16, 1000, 224), (768, 12, 16, 1000, 384),
+    (768, 12, 32, 1000, 224), (1024, 24, 16, 1000, 224), (64, 2, 4, 10, 32),
+)  # fmt: skip
+
+
+def _parts(embed_dim: int, depth: int, patch_size: int, num_classes: int, img_size: int) -> dict[str, int]:
+    """ViT's parameters part by part (3 input channels, MLP ratio 4, qkv bias, class token)."""
+    D, L, P, K = embed_dim, depth, patch_size, num_classes
+    N = (img_size // P) ** 2  # patch tokens
+    return {
+        "patch_weight": 3 * P * P * D,  # Conv2d(3, D, P, stride=P)
+        "patch_bias": D,
+        "cls_token": D,
+        "pos_embed": (1 + N) * D,  # one row per token, the class token's included
+        "block_weights": L * 12 * D * D,  # qkv 3D^2, proj D^2, fc1 4D^2, fc2 4D^2
+        "block_biases": L * 9 * D,  # qkv 3D, proj D, fc1 4D, fc2 D
+        "block_norms": L * 4 * D,  # norm1 and norm2: a gain and a bias each
+        "norm": 2 * D,  # the final LayerNorm
+        "head_weight": K * D,
+        "head_bias": K,
+    }
+
+
+def _count(*config: int, without: tuple[str, ...] = (), extra: Callable[..., int] | None = None) -> int:
+    """The total; ``without`` leaves parts out and ``extra`` adds a term (the known wrong answers)."""
+    total = sum(n for part, n in _parts(*config).items() if part not in without)
+    return total + (extra(*config) if extra is not None else 0)
+
+
+def _missing(message: str, *parts: str, erratum: int | None = None) -> KnownWrong:
+    return KnownWrong(lambda *config: _count(*config, without=parts), message, erratum)
+
+
+_COUNT_WRONGS = (
+    _missing(
+        "the class token and the position embedding are not counted (the torchsummary total, 86,415,592 "
+        "for ViT-B/16): add D + (1 + N) * D, 152,064 for ViT-B/16",
+        "cls_token", "pos_embed", erratum=4,
+    ),
+    KnownWrong(
+        lambda *config: _count(*config, without=("cls_token",)),
+        "D parameters short: count the class token (D) and give the position embedding one row per token, "
+        "the class token's included: (1 + N) * D, not N * D",
+    ),
+    _missing(
+        "the LayerNorms are not counted: 2 per block and the final one, each with a gain and a bias "
+        "of D values (4 * D per block, 2 * D at the end)",
+        "block_norms", "norm",
+    ),
+    _missing("the final LayerNorm (2 * D, a gain and a bias) is not counted", "norm"),
+    _missing(
+        "the biases are not counted: 9 * D per block (qkv 3D, proj D, fc1 4D, fc2 D), D for the patch "
+        "embedding and num_classes for the head",
+        "block_biases", "patch_bias", "head_bias",
+    ),
+    _missing(
+        "neither the LayerNorms nor the biases are counted; 12 * D**2 per block is only the weight matrices",
+        "block_norms", "norm", "block_biases", "patch_bias", "head_bias",
+    ),
+    _missing("the classification head (num_classes * D + num_classes) is not counted", "head_weight", "head_bias"),
+    KnownWrong(
+        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -2 * P * P * D),
+        "the patch embedding has P * P * D weights; each patch has 3 colour channels: 3 * P * P * D (+ D biases)",
+    ),
+    KnownWrong(
+        lambda *config: _count(*config, without=("pos_embed",), extra=lambda D, L, P, K, img: (1 + img // P) * D),
+        "N = img_size / patch_size counts the patches along one side; an image has (img_size / patch_size)**2",
+    ),
+)  # fmt: skip
+
+
+def vit_param_count(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(embed_dim, depth, patch_size, num_classes, img_size) -> int``: a ViT's parameters.
+
+    The ViT of :class:`vitlab.models.vit.ViT` (and timm): 3 input channels, square images
+    and patches, MLP ratio 4, qkv bias, a class token, a learned position embedding of
+    ``(1 + N, D)`` with ``N = (img_size // patch_size)**2``, a final LayerNorm and a linear
+    head. Every tensor counts, as ``vitlab.count_parameters(model)``: for ViT-B/16,
+    ``fn(768, 12, 16, 1000, 224) == 86_567_656``. The number of heads does not enter.
+    Tried on ViT-Ti/16, B/16 (224 and 384 px), B/32, L/16 and a small CIFAR-10 ViT.
+
+    Shape: ints -> int.
+    """
+    cases = [Case(f"embed_dim={D}, depth={L}, patch_size={P}, num_classes={K}, img_size={img}",
+                  (D, L, P, K, img)) for D, L, P, K, img in _CONFIGS]  # fmt: skip
+    return run_check(
+        "vit_param_count",
+        fn,
+        cases,
+        _count,
+        known_wrong=_COUNT_WRONGS,
+        expect=Expect(kind="number", integer=True, rtol=0.0, atol=1e-9),
+    )
