@@ -1,0 +1,262 @@
+"""DeepViT (Zhou et al., 2021): re-attention against attention collapse in deep ViTs.
+
+In a deep ViT the attention maps of neighbouring blocks become almost the same
+("attention collapse"), so the extra blocks add little. Re-attention mixes the softmax
+maps of the ``h`` heads of a block with a learnable ``h x h`` matrix θ and normalises the
+result with BatchNorm: ``ReAttention(Q, K, V) = Norm(θ^T softmax(Q K^T / sqrt(d))) V``.
+
+Reads top to bottom: config -> CNN patch stem -> re-attention -> model -> presets.
+Matches the official code (zhoudaquan/dvit_repo, ``models/deep_vision_transformer.py`` and
+``models/layers.py`` at commit 1ccb152c), parameter names included, so its checkpoints
+load with no renames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from vitlab.layers import Block, check_heads, check_image, learned_position_embedding
+from vitlab.models._init import init_vit_weights
+
+STEM_STRIDE = 16  # conv 7x7 stride 2, then conv 8x8 stride 8: one token per 16x16 pixels
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepViTConfig:
+    """Hyperparameters of a DeepViT. Defaults are DeepViT-S (the official ``deepvit_S``).
+
+    ``num_reattention_blocks`` is how many of the *last* blocks use re-attention (the
+    official ``apply_transform = [False] * (depth - k) + [True] * k``); the others use
+    plain attention.
+    """
+
+    img_size: int = 224
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 396
+    depth: int = 16
+    num_heads: int = 12
+    mlp_ratio: float = 3.0
+    qkv_bias: bool = True
+    num_reattention_blocks: int = 5
+    transform_scale: bool = False
+    scale_adjustment: float = 1.0
+    drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    fused_attn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.img_size <= 0 or self.img_size % STEM_STRIDE:
+            raise ValueError(
+                f"img_size {self.img_size} is not a positive multiple of the stem's stride {STEM_STRIDE} "
+                f"(expected e.g. 224 for a 14x14 token grid)"
+            )
+        check_heads(self.embed_dim, self.num_heads)
+        if self.in_chans <= 0 or self.depth <= 0:
+            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
+        if not 0 <= self.num_reattention_blocks <= self.depth:
+            raise ValueError(
+                f"num_reattention_blocks must be between 0 and depth {self.depth}, got {self.num_reattention_blocks}"
+            )
+        if self.scale_adjustment <= 0:
+            raise ValueError(f"scale_adjustment must be positive, got {self.scale_adjustment}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return (self.img_size // STEM_STRIDE, self.img_size // STEM_STRIDE)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+
+class PatchEmbedCNN(nn.Module):
+    """DeepViT's convolutional patch stem (official ``PatchEmbed_CNN``, "following T2T").
+
+    conv 7x7 s2 (no bias) + BN + ReLU -> conv 3x3 (no bias) + BN + ReLU -> conv 8x8 s8.
+    224 px -> 112x112x64 -> 112x112x64 -> 14x14xD, i.e. 196 tokens.
+
+    Shape: x (B, C, H, W) -> (B, (H/16)(W/16), D).
+    """
+
+    def __init__(self, img_size: int = 224, in_chans: int = 3, embed_dim: int = 396, stem_dim: int = 64) -> None:
+        super().__init__()
+        self.img_size = (img_size, img_size)
+        self.in_chans = in_chans
+        self.num_patches = (img_size // STEM_STRIDE) ** 2
+        self.conv1 = nn.Conv2d(in_chans, stem_dim, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(stem_dim)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(stem_dim, stem_dim, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(stem_dim)
+        self.proj = nn.Conv2d(stem_dim, embed_dim, kernel_size=STEM_STRIDE // 2, stride=STEM_STRIDE // 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # The learned position embedding fixes the grid, so only img_size itself is accepted.
+        check_image(x, in_chans=self.in_chans, patch_size=(STEM_STRIDE, STEM_STRIDE), img_size=self.img_size)
+        x = self.relu(self.bn1(self.conv1(x)))  # (B, 64, H/2, W/2)
+        x = self.relu(self.bn2(self.conv2(x)))  # (B, 64, H/2, W/2)
+        x = self.proj(x)  # (B, D, H/16, W/16)
+        return rearrange(x, "B D h w -> B (h w) D")
+
+
+class ReAttention(nn.Module):
+    """Re-attention: mix the heads' attention maps with θ (h x h), then BatchNorm over heads.
+
+    ``reatten_matrix`` is a 1x1 ``Conv2d(h, h)``: on a map ``(B, h, N, N)`` it computes
+    ``out[:, g] = sum_h W[g, h] attn[:, h] + b[g]``, i.e. θ^T applied to the head axis
+    (plus a bias, as in the official code). ``var_norm`` is ``BatchNorm2d(h)``: each head's
+    map is normalised over (B, N, N). With ``transform_scale`` the result is multiplied by
+    ``head_dim**-0.5`` once more (official DeepViT-S). Extra parameters: h^2 + h + 2h.
+
+    Only the explicit path exists: the mixing needs the softmax maps of all heads, which
+    ``F.scaled_dot_product_attention`` never materialises. So there is no ``fused_attn``
+    attribute, and :func:`vitlab.set_fused_attention` leaves this module alone.
+
+    Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N), the re-attended map.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        transform_scale: bool = False,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads)
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.reatten_matrix = nn.Conv2d(num_heads, num_heads, kernel_size=1)  # θ^T, plus a bias per head
+        self.var_norm = nn.BatchNorm2d(num_heads)
+        self.reatten_scale = self.scale if transform_scale else 1.0
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, C) -> (B, N, C) [, attn (B, h, N, N) when ``return_attn``]."""
+        qkv = rearrange(self.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=self.num_heads)
+        q, k, v = qkv.unbind(0)  # each (B, h, N, d)
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)  # (B, h, N, N)
+        attn = self.attn_drop(attn)
+        # Re-attention: mix the heads (B, h, N, N) -> (B, h, N, N), then normalise each head.
+        attn = self.var_norm(self.reatten_matrix(attn)) * self.reatten_scale
+        out = rearrange(attn @ v, "B h N d -> B N (h d)")
+        out = self.proj_drop(self.proj(out))
+        if return_attn:
+            return out, attn
+        return out
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, reatten_scale={self.reatten_scale:.4f}"
+
+
+class DeepViT(nn.Module):
+    """DeepViT: CNN patch stem, cls token, learned position embedding, pre-norm blocks
+    (plain attention first, re-attention in the last ``num_reattention_blocks``), final
+    LayerNorm, linear head on the cls token.
+
+    Shape: images (B, C, H, W) -> logits (B, num_classes).
+    """
+
+    def __init__(self, config: DeepViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        D, H = config.embed_dim, config.num_heads
+        self.patch_embed = PatchEmbedCNN(config.img_size, config.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
+        self.pos_embed = learned_position_embedding(config.num_patches + 1, D)
+        self.pos_drop = nn.Dropout(config.drop_rate)
+        first_reattention = config.depth - config.num_reattention_blocks
+        # Explicitly on the CPU, so that the model can also be built on the "meta" device.
+        drop_path_rates = torch.linspace(0, config.drop_path_rate, config.depth, device="cpu").tolist()
+        self.blocks = nn.Sequential(*[
+            Block(
+                D,
+                num_heads=H,
+                mlp_ratio=config.mlp_ratio,
+                qkv_bias=config.qkv_bias,
+                drop=config.drop_rate,
+                attn_drop=config.attn_drop_rate,
+                drop_path=rate,
+                fused_attn=config.fused_attn,
+                attn=ReAttention(
+                    D,
+                    num_heads=H,
+                    qkv_bias=config.qkv_bias,
+                    attn_drop=config.attn_drop_rate,
+                    proj_drop=config.drop_rate,
+                    transform_scale=config.transform_scale,
+                )
+                if i >= first_reattention
+                else None,  # None: vitlab's Attention, with fused and explicit paths
+            )
+            for i, rate in enumerate(drop_path_rates)
+        ])
+        self.norm = nn.LayerNorm(D, eps=1e-6)
+        self.head_drop = nn.Dropout(config.drop_rate)
+        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        init_vit_weights(self)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (timm's ViT: std 1e-6)
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, 1 + N, D)."""
+        x = self.patch_embed(x)  # (B, N, D); raises on a wrong channel count or size
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, 1 + N, D), after the final norm."""
+        # NOTE(paper): ``scale_adjustment`` a (0.5 in DeepViT-S/L) is not in the paper. Every
+        # official block (re-attention or not) computes x + f(LN(a x)) / a for both branches.
+        # With y = a x that is y + f(LN(y)): a standard block on a rescaled stream. So we scale
+        # once on the way in and once on the way out; for a = 0.5 (a power of two) this is
+        # bit-identical to the official code (tests/test_deepvit.py checks the equivalence).
+        a = self.config.scale_adjustment
+        x = self.blocks(self.embed(x) * a)
+        return self.norm(x / a)
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        """Shape: x (B, 1 + N, D) -> (B, num_classes), from the cls token."""
+        return self.head(self.head_drop(x[:, 0]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, num_classes)."""
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """The map each block multiplies the values with (re-attended in re-attention blocks).
+
+        Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
+        """
+        maps = []
+        x = self.embed(x) * self.config.scale_adjustment
+        for block in self.blocks:
+            x, attn = block(x, return_attn=True)
+            maps.append(attn)
+        return maps
+
+
+CONFIGS: dict[str, DeepViTConfig] = {
+    # Official builders deepvit_S / deepvit_L (dvit_repo, models/deep_vision_transformer.py).
+    # Counts from instantiating the official code; the paper lists 27M and 55M.
+    "deepvit_s": DeepViTConfig(
+        embed_dim=396, depth=16, num_heads=12, num_reattention_blocks=5, transform_scale=True, scale_adjustment=0.5
+    ),  # 27,312,632 params
+    "deepvit_l": DeepViTConfig(
+        embed_dim=420, depth=32, num_heads=12, num_reattention_blocks=12, transform_scale=False, scale_adjustment=0.5
+    ),  # 58,883,708 params
+}
+
+MODEL = DeepViT
