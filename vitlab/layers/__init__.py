@@ -1,7 +1,7 @@
 """Shared building blocks. Models compose these; a paper's own layer lives in its model file."""
 
 from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention
-from vitlab.layers.block import Block
+from vitlab.layers.block import Block, collect_attention_maps, drop_path_rates, encoder_blocks
 from vitlab.layers.drop_path import DropPath, drop_path
 from vitlab.layers.layer_scale import LayerScale
 from vitlab.layers.mlp import Mlp
@@ -22,7 +22,10 @@ __all__ = [
     "UnfoldPatchEmbed",
     "check_heads",
     "check_image",
+    "collect_attention_maps",
     "drop_path",
+    "drop_path_rates",
+    "encoder_blocks",
     "explicit_attention",
     "fused_attention",
     "learned_position_embedding",

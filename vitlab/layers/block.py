@@ -67,3 +67,54 @@ class Block(nn.Module):
         if return_attn:
             return x, attn_map
         return x
+
+
+def drop_path_rates(drop_path_rate: float, depth: int) -> list[float]:
+    """Stochastic depth rising linearly from 0 (first block) to ``drop_path_rate`` (last).
+
+    Plain Python, so a model can be built on the ``meta`` device to count parameters.
+    """
+    return [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+
+
+def encoder_blocks(
+    dim: int,
+    depth: int,
+    *,
+    num_heads: int,
+    mlp_ratio: float = 4.0,
+    qkv_bias: bool = True,
+    drop: float = 0.0,
+    attn_drop: float = 0.0,
+    drop_path_rate: float = 0.0,
+    fused_attn: bool = True,
+) -> nn.Sequential:
+    """ViT's stack of ``depth`` pre-norm blocks (``blocks.0`` ... as in timm).
+
+    Shape: x (B, N, C) -> (B, N, C).
+    """
+    return nn.Sequential(*[
+        Block(
+            dim,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            drop=drop,
+            attn_drop=attn_drop,
+            drop_path=rate,
+            fused_attn=fused_attn,
+        )
+        for rate in drop_path_rates(drop_path_rate, depth)
+    ])
+
+
+def collect_attention_maps(x: Tensor, blocks: nn.Module) -> list[Tensor]:
+    """Run tokens through ``blocks`` on the explicit path, keeping every attention map.
+
+    Shape: x (B, N, C) -> depth x (B, h, N, N).
+    """
+    maps = []
+    for block in blocks:
+        x, attn = block(x, return_attn=True)
+        maps.append(attn)
+    return maps

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitlab.layers import Block, PatchEmbed, check_heads, learned_position_embedding
+from vitlab.layers import PatchEmbed, check_heads, collect_attention_maps, encoder_blocks, learned_position_embedding
 from vitlab.models._init import init_vit_weights
 
 
@@ -90,22 +90,17 @@ class DeiT(nn.Module):
         # One position per token, cls and dist included: (1, N + 1, D) or (1, N + 2, D).
         self.pos_embed = learned_position_embedding(config.num_patches + self.num_prefix_tokens, D)
         self.pos_drop = nn.Dropout(config.drop_rate)
-        # Stochastic depth rising linearly from 0 to drop_path_rate (plain Python, so the
-        # model can also be built on the "meta" device to count parameters without memory).
-        drop_path_rates = [config.drop_path_rate * i / max(config.depth - 1, 1) for i in range(config.depth)]
-        self.blocks = nn.Sequential(*[
-            Block(
-                D,
-                num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                drop=config.drop_rate,
-                attn_drop=config.attn_drop_rate,
-                drop_path=rate,
-                fused_attn=config.fused_attn,
-            )
-            for rate in drop_path_rates
-        ])
+        self.blocks = encoder_blocks(
+            D,
+            config.depth,
+            num_heads=config.num_heads,
+            mlp_ratio=config.mlp_ratio,
+            qkv_bias=config.qkv_bias,
+            drop=config.drop_rate,
+            attn_drop=config.attn_drop_rate,
+            drop_path_rate=config.drop_path_rate,
+            fused_attn=config.fused_attn,
+        )
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
         self.head = self._make_head()
@@ -159,12 +154,7 @@ class DeiT(nn.Module):
 
         Shape: x (B, C, H, W) -> depth x (B, h, prefix + N, prefix + N).
         """
-        maps = []
-        x = self.embed(x)
-        for block in self.blocks:
-            x, attn = block(x, return_attn=True)
-            maps.append(attn)
-        return maps
+        return collect_attention_maps(self.embed(x), self.blocks)
 
 
 CONFIGS: dict[str, DeiTConfig] = {

@@ -14,7 +14,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.layers import Block, PatchEmbed, check_heads, learned_position_embedding, sincos_2d_position_embedding
+from vitlab.layers import (
+    PatchEmbed,
+    check_heads,
+    collect_attention_maps,
+    encoder_blocks,
+    learned_position_embedding,
+    sincos_2d_position_embedding,
+)
 from vitlab.models._init import init_vit_weights
 
 
@@ -86,20 +93,17 @@ class ViT(nn.Module):
             table = torch.cat([torch.zeros(self.num_prefix_tokens, D), table])
             self.register_buffer("pos_embed", table[None], persistent=False)
         self.pos_drop = nn.Dropout(config.drop_rate)
-        drop_path_rates = torch.linspace(0, config.drop_path_rate, config.depth, device="cpu").tolist()
-        self.blocks = nn.Sequential(*[
-            Block(
-                D,
-                num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                drop=config.drop_rate,
-                attn_drop=config.attn_drop_rate,
-                drop_path=rate,
-                fused_attn=config.fused_attn,
-            )
-            for rate in drop_path_rates
-        ])
+        self.blocks = encoder_blocks(
+            D,
+            config.depth,
+            num_heads=config.num_heads,
+            mlp_ratio=config.mlp_ratio,
+            qkv_bias=config.qkv_bias,
+            drop=config.drop_rate,
+            attn_drop=config.attn_drop_rate,
+            drop_path_rate=config.drop_path_rate,
+            fused_attn=config.fused_attn,
+        )
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
         self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
@@ -140,12 +144,7 @@ class ViT(nn.Module):
 
         Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
         """
-        maps = []
-        x = self.embed(x)
-        for block in self.blocks:
-            x, attn = block(x, return_attn=True)
-            maps.append(attn)
-        return maps
+        return collect_attention_maps(self.embed(x), self.blocks)
 
 
 CONFIGS: dict[str, ViTConfig] = {
