@@ -6,7 +6,7 @@ check runs the function on a few seeded CPU cases against the reference, prints 
 line (``PASS ...``, ``FAIL ...`` naming the case and what differs, or ``TODO ...: not
 implemented yet``) and returns a :class:`CheckResult`, truthy only when passed. A
 wrong answer that matches a known one (ERRATA.md) is named. A check never raises on
-the student's behalf. End the cell with ``;`` so the notebook shows the line only.
+the student's behalf. The result displays nothing, so a cell shows the line only.
 
 Signatures of the functions under test (two are fixed for graders and other tools:
 ``scaled_dot_product_attention`` and ``t2t_token_count``):
