@@ -1,19 +1,32 @@
-"""Inference throughput of vitlab against timm, same config and same weights, one process.
+"""Inference throughput of vitlab against its reference, same config and same weights, one process.
 
-For every model, timm's randomly initialised weights are converted into the vitlab model
-(``vitlab.convert_state_dict``) and the logits are checked to agree before anything is
-timed. Then four variants run in alternation, one forward pass of ``--batch-size`` images
+The reference is timm's model of the same name, or, for CvT, HuggingFace's
+``CvtForImageClassification`` built from a ``CvtConfig`` (random init, like tests/test_cvt.py).
+For every model, the reference's randomly initialised weights are converted into the vitlab
+model (``vitlab.convert_state_dict``) and the logits are checked to agree within 1e-4 before
+anything is timed. The input size is the vitlab config's ``img_size`` (240 for CrossViT-S).
+Then four variants run in alternation, one forward pass of ``--batch-size`` images
 each, round after round (the starting variant rotates every round, so no variant always
 runs first after another one heated the caches):
 
 * ``vitlab explicit``: vitlab with ``softmax(q k^T * scale) v`` written out;
-* ``vitlab fused``: vitlab with ``F.scaled_dot_product_attention``;
-* ``timm``: timm's ``VisionTransformer`` (fused attention, timm's default);
-* ``timm (control)``: the same timm model timed again as if it were a fourth variant.
-  Its ratio to ``timm`` should be 1; how far it is from 1 is the noise floor of the run.
+* ``vitlab fused``: vitlab with ``F.scaled_dot_product_attention`` (only the layers that have
+  both paths switch, see :func:`vitlab.set_fused_attention`; a model without any such layer
+  gets one row, ``vitlab``);
+* ``timm`` / ``hf``: the reference, in its default configuration;
+* ``timm (control)`` / ``hf (control)``: the same reference timed again as if it were a fourth
+  variant. Its ratio to the reference should be 1; how far it is from 1 is the noise floor.
+
+``--memory`` additionally measures one training step (train mode, forward, cross-entropy,
+backward) of vitlab (fused) and of the reference, batch ``--batch-size``, and reports the
+peak of the memory allocated during the step and the ratio vitlab / reference. On CUDA:
+``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory
+allocated before the step (weights). On CPU: ``torch.profiler.profile(profile_memory=True)``
+records every allocation and free of the step; the peak is the maximum of their running
+sum (CPU device), the total is the sum of all allocations.
 
 Reported: the median wall-clock time of ``--runs`` passes per variant, as images/s, and
-the ratio to timm (> 1 means vitlab is faster). On a shared machine other processes steal
+the ratio to the reference (> 1 means vitlab is faster). On a shared machine other processes steal
 wall-clock time unevenly, so the ratio of the median *process CPU time* is printed too
 (CPU only; on CUDA it measures the host side and is left out). fp32, eval mode,
 ``torch.inference_mode()``.
@@ -22,6 +35,7 @@ Usage::
 
     python benchmarks/throughput.py                          # ViT-S/16 and ViT-B/16, batch 8
     python benchmarks/throughput.py --threads 2 --runs 9
+    python benchmarks/throughput.py --all --threads 2 --runs 5 --memory
     python benchmarks/throughput.py --models vit_tiny_patch16_224 --device cpu
 """
 
@@ -41,20 +55,41 @@ import vitlab
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
 
+# Every family with a reference implementation: vitlab name -> reference library.
+ALL_MODELS = {
+    "vit_base_patch16_224": "timm",
+    "deit_small_patch16_224": "timm",
+    "cait_xxs24_224": "timm",
+    "pit_s_224": "timm",
+    "levit_128s": "timm",
+    "crossvit_small_240": "timm",
+    "cvt_13": "hf",
+}
+
+# HF CvtConfig fields for the CvT presets (the rest are HF's CvT-13 defaults), as in tests/test_cvt.py.
+HF_CVT_CONFIGS = {
+    "cvt_13": dict(embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 2, 10]),
+    "cvt_21": dict(embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 4, 16]),
+}
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="timm/vitlab model names")
+    parser.add_argument("--all", action="store_true", help=f"every model with a reference: {', '.join(ALL_MODELS)}")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--runs", type=int, default=7, help="timed forward passes per variant (>= 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed passes per variant first")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="'auto' (cuda when present), 'cpu' or 'cuda'")
+    parser.add_argument("--memory", action="store_true", help="also the peak memory of one forward+backward step")
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error(f"--runs must be at least 5 for a meaningful median, got {args.runs}")
     if args.batch_size < 1 or args.warmup < 0:
         parser.error(f"need --batch-size >= 1 and --warmup >= 0, got {args.batch_size} and {args.warmup}")
+    if args.all:
+        args.models = list(ALL_MODELS)
     return args
 
 
@@ -71,30 +106,57 @@ def cpu_name() -> str:
 
 def describe_machine(device: torch.device) -> str:
     import timm
+    import transformers
 
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     lines = [
         f"cpu: {cpu_name()}, os.cpu_count()={os.cpu_count()}, torch threads={torch.get_num_threads()}",
-        f"python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}",
+        f"python {platform.python_version()}, torch {torch.__version__}, timm {timm.__version__}, "
+        f"transformers {transformers.__version__}",
         f"device: {device}" + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        f"load average at start (1, 5, 15 min): {load}",
     ]
     return "\n".join(lines)
 
 
-def build_pair(name: str, device: torch.device) -> tuple[nn.Module, nn.Module, float]:
-    """timm model and a vitlab model carrying its weights; max |logit difference|."""
+def source_of(name: str) -> str:
+    """'hf' for the CvT presets (timm has no CvT), 'timm' otherwise."""
+    return ALL_MODELS.get(name, "hf" if name in HF_CVT_CONFIGS else "timm")
+
+
+def build_reference(name: str, source: str) -> nn.Module:
+    """The reference model, randomly initialised with seed 0, eval mode."""
+    torch.manual_seed(0)
+    if source == "hf":
+        import transformers
+
+        config = transformers.CvtConfig(num_labels=1000, cls_token=[False, False, True], **HF_CVT_CONFIGS[name])
+        return transformers.CvtForImageClassification(config).eval()
     import timm
 
-    torch.manual_seed(0)
-    reference = timm.create_model(name, pretrained=False).eval()
+    return timm.create_model(name, pretrained=False).eval()
+
+
+def logits_of(output: torch.Tensor | object) -> torch.Tensor:
+    """The logits tensor of a model output (HF returns an output object with ``.logits``)."""
+    return output if isinstance(output, torch.Tensor) else output.logits
+
+
+def build_pair(name: str, device: torch.device) -> tuple[nn.Module, nn.Module, str, int, float]:
+    """Reference model, a vitlab model carrying its weights, the source, the input size and
+    the max |logit difference| on two random images."""
+    source = source_of(name)
+    reference = build_reference(name, source)
     model = vitlab.create_model(name).eval()
-    model.load_state_dict(vitlab.convert_state_dict(name, reference.state_dict(), "timm"), strict=True)
-    images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    model.load_state_dict(vitlab.convert_state_dict(name, reference.state_dict(), source), strict=True)
+    size = model.config.img_size
+    images = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        diff = (model(images) - reference(images)).abs().max().item()
-    return model.to(device), reference.to(device), diff
+        diff = (model(images) - logits_of(reference(images))).abs().max().item()
+    return model.to(device), reference.to(device), source, size, diff
 
 
-def time_once(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, float]:
+def time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
     """Wall-clock and process CPU seconds of one call."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -105,12 +167,14 @@ def time_once(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[flo
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, dict[str, float]]:
-    """Per variant: median wall and CPU seconds per forward pass, and the wall spread."""
-    model, reference, diff = build_pair(name, device)
+def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tuple[str, dict[str, dict[str, float]]]:
+    """The reference's source and, per variant: median wall and CPU seconds per forward
+    pass, and the wall spread."""
+    model, reference, source, size, diff = build_pair(name, device)
     if diff > 1e-4:
-        raise RuntimeError(f"{name}: vitlab and timm logits differ by {diff:.2e} (expected <= 1e-4)")
-    images = torch.randn(args.batch_size, 3, 224, 224, generator=torch.Generator().manual_seed(1)).to(device)
+        raise RuntimeError(f"{name}: vitlab and {source} logits differ by {diff:.2e} (expected <= 1e-4)")
+    images = torch.randn(args.batch_size, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
+    switchable = sum(hasattr(m, "fused_attn") for m in model.modules())
 
     def vitlab_with(fused: bool) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
@@ -119,12 +183,13 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> dict
 
         return run
 
-    variants = {
-        "vitlab explicit": vitlab_with(False),
-        "vitlab fused": vitlab_with(True),
-        "timm": lambda: reference(images),
-        "timm (control)": lambda: reference(images),
-    }
+    variants: dict[str, Callable[[], object]] = (
+        {"vitlab explicit": vitlab_with(False), "vitlab fused": vitlab_with(True)}
+        if switchable
+        else {"vitlab": lambda: model(images)}
+    )
+    variants[source] = lambda: reference(images)
+    variants[f"{source} (control)"] = lambda: reference(images)
     names = list(variants)
     times: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
     with torch.inference_mode():
@@ -135,14 +200,66 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> dict
             order = names[r % len(names) :] + names[: r % len(names)]  # rotate the start
             for v in order:
                 times[v].append(time_once(variants[v], device))
-    print(f"\n{name}: batch {args.batch_size}, {args.runs} runs, max |logit diff| vs timm {diff:.1e}")
+    vitlab.set_fused_attention(model, True)
+    print(f"\n{name}: {size} px, batch {args.batch_size}, {args.runs} runs, "
+          f"max |logit diff| vs {source} {diff:.1e}, {switchable} attention layers with a fused path")
     result = {}
     for v, ts in times.items():
         walls = [w for w, _ in ts]
         wall = statistics.median(walls)
         cpu = statistics.median(c for _, c in ts)
         result[v] = {"wall": wall, "cpu": cpu, "spread": (max(walls) - min(walls)) / wall}
-    return result
+    if args.memory:
+        result["memory"] = {
+            "vitlab": step_memory(model, images, device),
+            source: step_memory(reference, images, device),
+        }
+    return source, result
+
+
+def training_step(model: nn.Module, images: torch.Tensor) -> None:
+    """Forward, cross-entropy against fixed labels, backward. A model that returns several
+    heads in train mode (class and distillation token) gets the sum of their losses."""
+    labels = torch.arange(images.shape[0], device=images.device) % 10
+    output = model(images)
+    heads = output if isinstance(output, (tuple, list)) else (logits_of(output),)
+    loss = sum(nn.functional.cross_entropy(head, labels) for head in heads)
+    loss.backward()
+
+
+def step_memory(model: nn.Module, images: torch.Tensor, device: torch.device) -> dict[str, float]:
+    """Peak and total bytes allocated during one training step (see the module docstring)."""
+    model.train()
+    if hasattr(model, "set_distilled_training"):  # timm's LeViT: return both heads, as vitlab's does
+        model.set_distilled_training(True)
+    model.zero_grad(set_to_none=True)
+    training_step(model, images)  # warm-up: lazily created buffers and caches
+    model.zero_grad(set_to_none=True)
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            training_step(model, images)
+            torch.cuda.synchronize(device)
+            return {"peak": torch.cuda.max_memory_allocated(device) - before, "total": float("nan")}
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            training_step(model, images)
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        events = sorted((e for e in events if "CPU" in str(e.device_type())), key=lambda e: e.start_ns())
+        running = peak = total = 0
+        for e in events:
+            running += e.nbytes()
+            peak = max(peak, running)
+            total += max(e.nbytes(), 0)
+        return {"peak": peak, "total": total}
+    finally:
+        model.zero_grad(set_to_none=True)
+        if hasattr(model, "set_distilled_training"):
+            model.set_distilled_training(False)
+        model.eval()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -152,21 +269,43 @@ def main(argv: list[str] | None = None) -> None:
     device = vitlab.pick_device() if args.device == "auto" else torch.device(args.device)
     print(describe_machine(device))
     on_cpu = device.type == "cpu"
-    rows = []
+    rows, memory_rows = [], []
     for name in args.models:
-        stats = benchmark(name, args, device)
+        source, stats = benchmark(name, args, device)
+        memory = stats.pop("memory", None)
         for v in stats:
             ips = args.batch_size / stats[v]["wall"]
-            wall_ratio = stats["timm"]["wall"] / stats[v]["wall"]
-            cpu_ratio = stats["timm"]["cpu"] / stats[v]["cpu"] if on_cpu else float("nan")
-            print(f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of timm"
+            wall_ratio = stats[source]["wall"] / stats[v]["wall"]
+            cpu_ratio = stats[source]["cpu"] / stats[v]["cpu"] if on_cpu else float("nan")
+            print(f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of {source}"
                   + (f" (CPU time x{cpu_ratio:.3f})" if on_cpu else "")
                   + f"  max-min {stats[v]['spread']:.0%} of median")
-            rows.append((name, v, ips, wall_ratio, cpu_ratio))
-    print("\n| model | variant | images/s | vs timm (wall) | vs timm (CPU time) |\n|---|---|---:|---:|---:|")
-    for name, v, ips, wall_ratio, cpu_ratio in rows:
+            rows.append((name, v, ips, wall_ratio, cpu_ratio, stats[v]["spread"]))
+        if memory is not None:
+            ours, theirs = memory["vitlab"], memory[source]
+            memory_rows.append((name, source, ours, theirs))
+            print(f"  memory, one training step: vitlab peak {ours['peak'] / 2**20:.0f} MiB, "
+                  f"{source} peak {theirs['peak'] / 2**20:.0f} MiB, ratio {ours['peak'] / theirs['peak']:.3f}")
+    print("\n| model | variant | images/s | vs reference (wall) | vs reference (CPU time) | max-min / median |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, v, ips, wall_ratio, cpu_ratio, spread in rows:
         cpu_cell = f"{cpu_ratio:.3f}" if on_cpu else "n/a"
-        print(f"| {name} | {v} | {ips:.2f} | {wall_ratio:.3f} | {cpu_cell} |")
+        print(f"| {name} | {v} | {ips:.2f} | {wall_ratio:.3f} | {cpu_cell} | {spread:.0%} |")
+    if memory_rows:
+        method = ("torch.cuda.max_memory_allocated" if not on_cpu
+                  else "torch.profiler profile_memory: peak of the running sum of allocations")
+        print(f"\nPeak memory of one training step, batch {args.batch_size} ({method}):\n")
+        print("| model | reference | vitlab peak (MiB) | reference peak (MiB) | vitlab / reference |"
+              + (" vitlab total alloc (MiB) | reference total alloc (MiB) |" if on_cpu else ""))
+        print("|---|---|---:|---:|---:|" + ("---:|---:|" if on_cpu else ""))
+        for name, source, ours, theirs in memory_rows:
+            line = (f"| {name} | {source} | {ours['peak'] / 2**20:.1f} | {theirs['peak'] / 2**20:.1f} "
+                    f"| {ours['peak'] / theirs['peak']:.3f} |")
+            if on_cpu:
+                line += f" {ours['total'] / 2**20:.0f} | {theirs['total'] / 2**20:.0f} |"
+            print(line)
+    if hasattr(os, "getloadavg"):
+        print("\nload average at end (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
 if __name__ == "__main__":
