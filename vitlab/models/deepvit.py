@@ -19,7 +19,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import Block, check_heads, check_image, learned_position_embedding
+from vitlab.layers import Block, check_heads, check_image, collect_attention_maps, learned_position_embedding
 from vitlab.models._init import init_vit_weights
 
 STEM_STRIDE = 16  # conv 7x7 stride 2, then conv 8x8 stride 8: one token per 16x16 pixels
@@ -240,12 +240,7 @@ class DeepViT(nn.Module):
 
         Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
         """
-        maps = []
-        x = self.embed(x) * self.config.scale_adjustment
-        for block in self.blocks:
-            x, attn = block(x, return_attn=True)
-            maps.append(attn)
-        return maps
+        return collect_attention_maps(self.embed(x) * self.config.scale_adjustment, self.blocks)
 
 
 CONFIGS: dict[str, DeepViTConfig] = {
