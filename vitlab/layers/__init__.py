@@ -5,7 +5,15 @@ from vitlab.layers.block import Block, collect_attention_maps, drop_path_rates, 
 from vitlab.layers.drop_path import DropPath, drop_path
 from vitlab.layers.layer_scale import LayerScale
 from vitlab.layers.mlp import Mlp
-from vitlab.layers.patch_embed import PatchEmbed, UnfoldPatchEmbed, check_image, patchify, to_2tuple, unpatchify
+from vitlab.layers.patch_embed import (
+    PatchEmbed,
+    UnfoldPatchEmbed,
+    check_image,
+    check_patch_encoder_config,
+    patchify,
+    to_2tuple,
+    unpatchify,
+)
 from vitlab.layers.pos_embed import (
     learned_position_embedding,
     sincos_1d_position_embedding,
@@ -22,6 +30,7 @@ __all__ = [
     "UnfoldPatchEmbed",
     "check_heads",
     "check_image",
+    "check_patch_encoder_config",
     "collect_attention_maps",
     "drop_path",
     "drop_path_rates",

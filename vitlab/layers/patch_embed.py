@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.layers.attention import check_heads
+
 
 def to_2tuple(x: int | tuple[int, int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
@@ -138,3 +140,19 @@ class UnfoldPatchEmbed(nn.Module):
         check_image(x, in_chans=self.in_chans, patch_size=self.patch_size)
         patches = F.unfold(x, kernel_size=self.patch_size, stride=self.patch_size)  # (B, C*P*P, N)
         return self.proj(patches.transpose(1, 2))  # (B, N, D)
+
+
+def check_patch_encoder_config(
+    *, img_size: int, patch_size: int, embed_dim: int, num_heads: int, in_chans: int, depth: int
+) -> None:
+    """Validate the hyperparameters every patch-token encoder shares (ViT, DeiT, CaiT).
+
+    Raises ``ValueError`` naming the offending values.
+    """
+    if img_size % patch_size:
+        raise ValueError(
+            f"img_size {img_size} is not divisible by patch_size {patch_size} (expected a multiple of {patch_size})"
+        )
+    check_heads(embed_dim, num_heads)
+    if in_chans <= 0 or depth <= 0:
+        raise ValueError(f"in_chans and depth must be positive, got {in_chans} and {depth}")

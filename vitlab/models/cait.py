@@ -35,6 +35,7 @@ from vitlab.layers import (
     Mlp,
     PatchEmbed,
     check_heads,
+    check_patch_encoder_config,
     explicit_attention,
     fused_attention,
     learned_position_embedding,
@@ -174,14 +175,14 @@ class CaiTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        if self.img_size % self.patch_size:
-            raise ValueError(
-                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
-                f"(expected a multiple of {self.patch_size})"
-            )
-        check_heads(self.embed_dim, self.num_heads)
-        if self.in_chans <= 0 or self.depth <= 0:
-            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
+        check_patch_encoder_config(
+            img_size=self.img_size,
+            patch_size=self.patch_size,
+            embed_dim=self.embed_dim,
+            num_heads=self.num_heads,
+            in_chans=self.in_chans,
+            depth=self.depth,
+        )
         if self.depth_token_only <= 0:
             raise ValueError(
                 f"depth_token_only must be >= 1 (the cls token enters only in the class-attention "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitlab.layers import PatchEmbed, check_heads, collect_attention_maps, encoder_blocks, learned_position_embedding
+from vitlab.layers import PatchEmbed, check_patch_encoder_config, collect_attention_maps, encoder_blocks, learned_position_embedding
 from vitlab.models._init import init_vit_weights
 
 
@@ -43,14 +43,14 @@ class DeiTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        if self.img_size % self.patch_size:
-            raise ValueError(
-                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
-                f"(expected a multiple of {self.patch_size})"
-            )
-        check_heads(self.embed_dim, self.num_heads)
-        if self.in_chans <= 0 or self.depth <= 0:
-            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
+        check_patch_encoder_config(
+            img_size=self.img_size,
+            patch_size=self.patch_size,
+            embed_dim=self.embed_dim,
+            num_heads=self.num_heads,
+            in_chans=self.in_chans,
+            depth=self.depth,
+        )
         if self.num_classes < 0:
             raise ValueError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from vitlab.layers import (
     PatchEmbed,
-    check_heads,
+    check_patch_encoder_config,
     collect_attention_maps,
     encoder_blocks,
     learned_position_embedding,
@@ -47,20 +47,20 @@ class ViTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        if self.img_size % self.patch_size:
-            raise ValueError(
-                f"img_size {self.img_size} is not divisible by patch_size {self.patch_size} "
-                f"(expected a multiple of {self.patch_size})"
-            )
-        check_heads(self.embed_dim, self.num_heads)
+        check_patch_encoder_config(
+            img_size=self.img_size,
+            patch_size=self.patch_size,
+            embed_dim=self.embed_dim,
+            num_heads=self.num_heads,
+            in_chans=self.in_chans,
+            depth=self.depth,
+        )
         if self.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.pos_embed not in ("learned", "sincos"):
             raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
-        if self.in_chans <= 0 or self.depth <= 0:
-            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
 
     @property
     def grid_size(self) -> tuple[int, int]:
