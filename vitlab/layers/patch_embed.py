@@ -156,3 +156,12 @@ def check_patch_encoder_config(
     check_heads(embed_dim, num_heads)
     if in_chans <= 0 or depth <= 0:
         raise ValueError(f"in_chans and depth must be positive, got {in_chans} and {depth}")
+
+
+def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Output length of a convolution or unfold: ``floor((size + 2p - k) / s) + 1``.
+
+    The right token-count formula for overlapping patches (ERRATA 9): 224 -> 56 -> 28 -> 14
+    for T2T-ViT's soft splits, 224 -> 27 for PiT's stem, 224 -> 56 for CvT's first stage.
+    """
+    return (size + 2 * padding - kernel) // stride + 1

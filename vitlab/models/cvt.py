@@ -23,13 +23,11 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import DropPath, Mlp, check_heads, check_image, explicit_attention, fused_attention
+from vitlab.layers import DropPath, Mlp, check_heads, check_image, conv_output_size, explicit_attention, fused_attention
 from vitlab.models._init import init_vit_weights
 
 
-def conv_out_size(size: int, kernel: int, stride: int, padding: int) -> int:
-    """Output length of a convolution: ``floor((n + 2p - k) / s) + 1`` (ERRATA 9)."""
-    return (size + 2 * padding - kernel) // stride + 1
+conv_out_size = conv_output_size  # the shared formula, under the name chapter 11 uses
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import Block, check_heads, check_image
+from vitlab.layers import Block, check_heads, check_image, conv_output_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +57,10 @@ class PiTConfig:
     @property
     def stage_sizes(self) -> list[int]:
         """Side of the token grid in each stage: 27, 14, 7 for PiT-S at 224 px."""
-        side = (self.img_size - self.patch_size) // self.stride + 1
+        side = conv_output_size(self.img_size, self.patch_size, self.stride, 0)
         sizes = [side]
         for _ in self.depth[1:]:
-            side = (side + 2 * 1 - 3) // 2 + 1  # the pooling conv: kernel 3, stride 2, padding 1
+            side = conv_output_size(side, 3, 2, 1)  # the pooling conv: kernel 3, stride 2, padding 1
             sizes.append(side)
         return sizes
 

@@ -35,6 +35,7 @@ from vitlab.layers import (
     Mlp,
     check_heads,
     check_image,
+    conv_output_size,
     explicit_attention,
     fused_attention,
     sincos_1d_position_embedding,
@@ -46,9 +47,8 @@ SOFT_SPLITS: tuple[tuple[int, int, int], ...] = ((7, 4, 2), (3, 2, 1), (3, 2, 1)
 TOTAL_STRIDE = 16
 
 
-def unfold_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
-    """Tokens per side after a soft split: ``floor((size + 2p - k) / s) + 1`` (ERRATA 9)."""
-    return (size + 2 * padding - kernel) // stride + 1
+# Tokens per side after a soft split: an unfold is a convolution's sliding window.
+unfold_output_size = conv_output_size
 
 
 @dataclass(frozen=True, kw_only=True)
