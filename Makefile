@@ -6,10 +6,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help install test test-fast test-gpu execute book clean
+.PHONY: help install mathjax test test-fast test-gpu execute book clean
 
 help:
 	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
+	@echo "make mathjax    install MathJax with npm ci and copy it into book/_static (the book serves it)"
 	@echo "make test       unit tests, the book build and every notebook against its stored outputs"
 	@echo "make test-fast  unit tests only (tests/)"
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
@@ -26,10 +27,31 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The book serves its own MathJax (mathjax_path in _config.yml), so math renders with no
+# network. The version is pinned in package.json and package-lock.json; node_modules and the
+# copy in book/_static/mathjax are build outputs (gitignored). Only what the page loads is
+# copied: the combined component, the TeX/MathML inputs with their extensions (TeX's
+# autoload fetches them on demand), the CHTML fonts, and the menu and accessibility parts.
+MATHJAX_SRC := node_modules/mathjax/es5
+MATHJAX     := book/_static/mathjax
+$(MATHJAX)/tex-mml-chtml.js: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	rm -rf $(MATHJAX)
+	mkdir -p $(MATHJAX)/output
+	cp -R $(MATHJAX_SRC)/tex-mml-chtml.js $(MATHJAX_SRC)/input $(MATHJAX_SRC)/ui \
+		$(MATHJAX_SRC)/a11y $(MATHJAX_SRC)/sre $(MATHJAX)/
+	cp -R $(MATHJAX_SRC)/output/chtml $(MATHJAX_SRC)/output/chtml.js $(MATHJAX)/output/
+	cp node_modules/mathjax/LICENSE $(MATHJAX)/
+	touch $@
+
+mathjax: $(MATHJAX)/tex-mml-chtml.js
+
+# The browser tests (tests/test_browser.py) drive Debian's Chromium at /usr/bin/chromium and
+# skip, saying why, where it is missing; .ci/run installs it and makes its absence a failure.
+test: $(STAMP) mathjax
 	$(PY) -m pytest tests notebooks $(NBVAL)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) mathjax
 	$(PY) -m pytest tests
 
 # CI has no GPU: run this by hand on a CUDA machine. The stored outputs are
@@ -43,10 +65,10 @@ execute: $(STAMP)
 		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 \
 		notebooks/*.ipynb
 
-book: $(STAMP)
+book: $(STAMP) mathjax
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache node_modules $(MATHJAX)
 	find vitlab tests notebooks -name __pycache__ -type d -prune -exec rm -rf {} +
 	find notebooks -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +

@@ -1,44 +1,16 @@
-"""The book builds with no warnings (-W -n), and every chapter page links to its notebook on Colab."""
+"""The book builds with no warnings (-W -n), serves its own MathJax, and links each chapter to Colab."""
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from test_repository import ROOT, toc_files
+from test_repository import toc_files
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Sphinx colours its log even when it is not a terminal
+pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+
 COLAB = "colab.research.google.com/github/vitlab-course/vit-lab/blob/main/"
-
-
-def jupyter_book() -> str:
-    """The jupyter-book next to this Python (the .venv one), else the one on PATH."""
-    beside = Path(sys.executable).with_name("jupyter-book")
-    found = str(beside) if beside.exists() else shutil.which("jupyter-book")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("jupyter-book is not installed, and CI must build the book (pip install -r requirements.txt)")
-        pytest.skip("jupyter-book is not installed (pip install -r requirements.txt)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the book once, out of tree, exactly as `make book` does; return the html folder."""
-    out = tmp_path_factory.mktemp("book")
-    command = [jupyter_book(), "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if result.returncode != 0:
-        log = ANSI.sub("", result.stdout + result.stderr).splitlines()
-        problems = [line for line in log if "WARNING" in line or "ERROR" in line]
-        pytest.fail("book build failed:\n" + "\n".join(problems or log[-40:]), pytrace=False)
-    return out / "_build" / "html"
 
 
 def test_landing_page_exists(html: Path) -> None:
@@ -55,3 +27,13 @@ def test_page_is_built(html: Path, page: str) -> None:
 def test_chapter_links_to_its_notebook_on_colab(html: Path, page: str) -> None:
     text = (html / f"{page}.html").read_text(encoding="utf-8")
     assert f"{COLAB}{page}.ipynb" in text, f"{page}.html has no Colab launch link to {page}.ipynb"
+
+
+def test_math_is_served_by_the_book(html: Path) -> None:
+    """MathJax comes from the book itself (no CDN), with its fonts, so math renders offline."""
+    served = html / "_static" / "mathjax"
+    assert (served / "tex-mml-chtml.js").exists(), "the built book has no _static/mathjax (mathjax_path in _config.yml)"
+    assert list((served / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff")), "MathJax's CHTML fonts are missing"
+    for page in html.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        assert "cdn.jsdelivr.net" not in text and "mathjax@" not in text, f"{page.name} loads MathJax from a CDN"

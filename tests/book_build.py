@@ -1,0 +1,51 @@
+"""The book, built once per test session: a pytest plugin that test_book.py and test_browser.py load.
+
+Both modules say ``pytest_plugins = ["book_build"]``, so the ``html`` fixture is registered
+once, for the whole session, and the book is built once however many modules use it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Sphinx colours its log even when it is not a terminal
+# The book serves its own MathJax (mathjax_path in _config.yml); `make mathjax` puts it here.
+MATHJAX = ROOT / "book" / "_static" / "mathjax" / "tex-mml-chtml.js"
+
+
+def jupyter_book() -> str:
+    """The jupyter-book next to this Python (the .venv one), else the one on PATH."""
+    beside = Path(sys.executable).with_name("jupyter-book")
+    found = str(beside) if beside.exists() else shutil.which("jupyter-book")
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("jupyter-book is not installed, and CI must build the book (pip install -r requirements.txt)")
+        pytest.skip("jupyter-book is not installed (pip install -r requirements.txt)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the book once, out of tree, exactly as `make book` does; return the html folder."""
+    if not MATHJAX.exists():
+        pytest.fail(
+            f"{MATHJAX.relative_to(ROOT)} is missing, so the book would have no math: run `make mathjax` "
+            "(npm ci, then a copy into book/_static; `make test` and `make book` do it for you)",
+            pytrace=False,
+        )
+    out = tmp_path_factory.mktemp("book")
+    command = [jupyter_book(), "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        log = ANSI.sub("", result.stdout + result.stderr).splitlines()
+        problems = [line for line in log if "WARNING" in line or "ERROR" in line]
+        pytest.fail("book build failed:\n" + "\n".join(problems or log[-40:]), pytrace=False)
+    return out / "_build" / "html"

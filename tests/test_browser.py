@@ -1,0 +1,357 @@
+"""The built book in a real browser, as a reader gets it with no network.
+
+The book (built once per session by the `html` fixture of book_build.py) is served on
+127.0.0.1, and Debian's headless Chromium, driven by Playwright, opens every page of the
+table of contents. A page passes when it logs no console error, asks no host but this
+machine for anything (such requests are recorded and aborted), renders all its math with
+the book's own MathJax, and shows all its images; a chapter must also show its figures and
+link to its notebook on Colab and for download. Every internal link and #anchor of every
+page must resolve, and the search page must find "attention".
+
+Playwright never downloads a browser here: it drives /usr/bin/chromium (apt-get install
+chromium), or $VITLAB_CHROMIUM. Without one these tests skip and say why; with
+VITLAB_REQUIRE_BROWSER=1 (set by .ci/run) they fail instead. Screenshots of the landing
+page, a chapter with math and the search results are saved in _build/screenshots/.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urljoin, urlsplit
+from urllib.request import urlopen
+
+import pytest
+
+from test_repository import ROOT, toc_files
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
+pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+
+CHROMIUM = Path(os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium"))
+# Flags that work on a machine with no network: without the background-networking ones,
+# Chromium keeps trying to reach Google's hosts. Playwright adds a fresh --user-data-dir.
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+COLAB = "https://colab.research.google.com/github/vitlab-course/vit-lab/blob/main/"
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+VIEWPORT = {"width": 1280, "height": 900}
+
+PAGES = toc_files()
+CHAPTERS = [page for page in PAGES if page.startswith("notebooks/")]
+# Pages Sphinx adds to the TOC's: the redirect to the first page, search, and the index.
+ALL_PAGES = ["index", *PAGES, "search", "genindex"]
+
+# Resolves when MathJax has typeset the page (pages without math do not load it) and the
+# fonts it asked for have arrived.
+WAIT_FOR_MATH = """async () => {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+    await document.fonts.ready;
+}"""
+
+# What the tests need to know about a loaded page, read in one go.
+SNAPSHOT = """() => {
+    const skip = "pre, code, script, style, mjx-container, .highlight";
+    const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    let prose = "";
+    while (walker.nextNode()) {
+        if (!walker.currentNode.parentElement.closest(skip)) prose += walker.currentNode.textContent;
+    }
+    const math = [...document.querySelectorAll(".math")];
+    return {
+        math: math.length,
+        unrendered: math.filter((m) => !m.querySelector("mjx-container")).map((m) => m.textContent.slice(0, 80)),
+        merrors: [...document.querySelectorAll("mjx-merror")]
+            .map((e) => e.getAttribute("data-mjx-error") || e.textContent),
+        raw_dollars: prose.includes("$$"),
+        images: [...document.querySelectorAll("img")].map((img) => ({
+            src: img.getAttribute("src"),
+            loaded: img.complete && img.naturalWidth > 0,
+            figure: img.closest(".cell_output") !== null,
+        })),
+        colab: [...document.querySelectorAll("a[href*='colab.research.google.com']")].map((a) => a.href),
+        download: [...document.querySelectorAll("a.btn-download-source-button")].map((a) => a.href),
+    };
+}"""
+
+
+def _unavailable(reason: str) -> None:
+    """Skip, saying why; CI (VITLAB_REQUIRE_BROWSER=1) fails instead, so the tests cannot silently vanish."""
+    if os.environ.get("VITLAB_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{reason}, and VITLAB_REQUIRE_BROWSER=1 requires the browser tests", pytrace=False)
+    pytest.skip(reason)
+
+
+def _is_local(url: str) -> bool:
+    parts = urlsplit(url)
+    return parts.scheme not in ("http", "https") or parts.hostname in LOCAL_HOSTS
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        pass
+
+
+@pytest.fixture(scope="module")
+def site(html: Path) -> Iterator[str]:
+    """The built book served on 127.0.0.1 (a free port) for the module; its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set VITLAB_CHROMIUM)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install -r requirements-dev.txt)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield browser
+        browser.close()
+
+
+@dataclass
+class Visit:
+    """One page load: what went wrong while loading, and the page's SNAPSHOT."""
+
+    url: str
+    errors: list[str] = field(default_factory=list)  # console errors and uncaught exceptions
+    external: list[str] = field(default_factory=list)  # requests to other hosts (aborted)
+    failed: list[str] = field(default_factory=list)  # local requests that failed or got >= 400
+    final_url: str = ""
+    snapshot: dict[str, Any] = field(default_factory=dict)
+    extra: Any = None  # what `before` returned
+
+
+def visit(
+    browser: Browser,
+    url: str,
+    screenshot: str | None = None,
+    before: Callable | None = None,
+    redirect: str | None = None,
+) -> Visit:
+    """Load `url` (which sends the browser on to `redirect`, if given) in a fresh context, wait
+    for its math, run `before(page)`, read the page, and optionally save a screenshot."""
+    result = Visit(url)
+    context = browser.new_context(viewport=VIEWPORT)
+
+    def block(route: Any) -> None:
+        result.external.append(route.request.url)
+        route.abort()
+
+    def on_failed(request: Any) -> None:
+        if _is_local(request.url):
+            result.failed.append(f"{request.url}: {request.failure}")
+
+    context.route(lambda url: not _is_local(url), block)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and result.errors.append(f"console: {m.text} ({m.location['url']})"))
+    page.on("pageerror", lambda error: result.errors.append(f"uncaught: {error}"))
+    page.on("requestfailed", on_failed)
+    page.on("response", lambda r: r.status >= 400 and result.failed.append(f"{r.url}: HTTP {r.status}"))
+    try:
+        if redirect is None:
+            page.goto(url, wait_until="load")
+        else:
+            with page.expect_navigation(url=redirect, wait_until="load"):
+                page.goto(url, wait_until="commit")
+        page.evaluate(WAIT_FOR_MATH)
+        if before is not None:
+            result.extra = before(page)
+        result.final_url = page.url
+        result.snapshot = page.evaluate(SNAPSHOT)
+        if screenshot is not None:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=SCREENSHOTS / screenshot)
+    finally:
+        context.close()
+    return result
+
+
+def _scroll_to_display_math(tab: Any) -> None:
+    tab.locator("div.math").first.evaluate("(e) => e.scrollIntoView({block: 'center'})")
+
+
+@pytest.fixture(scope="module")
+def math_chapter(html: Path) -> str:
+    """The first chapter with display math: its screenshot shows rendered equations."""
+    page = next((p for p in CHAPTERS if '<div class="math' in (html / f"{p}.html").read_text("utf-8")), None)
+    assert page is not None, "no chapter has display math"
+    return page
+
+
+@pytest.fixture(scope="module")
+def visits(browser: Browser, site: str, math_chapter: str) -> Callable[[str], Visit]:
+    """Each page loaded once for the module, however many tests look at it. The landing page
+    (index.html, which redirects to the first TOC page) and the math chapter are screenshot."""
+    shutil.rmtree(SCREENSHOTS, ignore_errors=True)  # no stale screenshot passes for a new one
+
+    @functools.cache
+    def load(page: str) -> Visit:
+        if page == "index":
+            return visit(browser, site, screenshot="landing.png", redirect=f"{site}{PAGES[0]}.html")
+        if page == math_chapter:
+            return visit(browser, f"{site}{page}.html", screenshot="chapter_math.png", before=_scroll_to_display_math)
+        return visit(browser, f"{site}{page}.html")
+
+    return load
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_page_loads_with_no_console_errors(visits: Callable[[str], Visit], page: str) -> None:
+    loaded = visits(page)
+    assert not loaded.errors, f"{page}.html logged errors:\n" + "\n".join(loaded.errors)
+    assert not loaded.failed, f"{page}.html could not load:\n" + "\n".join(loaded.failed)
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_page_needs_no_other_host(visits: Callable[[str], Visit], page: str) -> None:
+    """Links to Colab or GitHub are fine (a reader follows them); requests are not: offline they fail."""
+    external = visits(page).external
+    assert not external, f"{page}.html requested other hosts (it must work offline):\n" + "\n".join(external)
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_math_is_rendered(visits: Callable[[str], Visit], page: str) -> None:
+    snapshot = visits(page).snapshot
+    assert not snapshot["unrendered"], f"{page}.html has math MathJax did not render: {snapshot['unrendered'][:5]}"
+    assert not snapshot["merrors"], f"{page}.html has TeX errors: {snapshot['merrors'][:5]}"
+    assert not snapshot["raw_dollars"], f"{page}.html shows a raw $$ outside code (math MyST did not parse)"
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_images_load(visits: Callable[[str], Visit], page: str) -> None:
+    broken = [image["src"] for image in visits(page).snapshot["images"] if not image["loaded"]]
+    assert not broken, f"{page}.html has images that did not load: {broken}"
+
+
+def _image_outputs(notebook: Path) -> int:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    outputs = [output for cell in cells for output in cell.get("outputs", [])]
+    return sum(any(kind.startswith("image/") for kind in output.get("data", {})) for output in outputs)
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_shows_its_figures(visits: Callable[[str], Visit], page: str) -> None:
+    expected = _image_outputs(ROOT / f"{page}.ipynb")
+    figures = [image for image in visits(page).snapshot["images"] if image["figure"] and image["loaded"]]
+    assert expected >= 1, f"{page}.ipynb has no figure"
+    assert len(figures) == expected, f"{page}.html shows {len(figures)} figures, its notebook has {expected}"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_opens_its_notebook_in_colab(visits: Callable[[str], Visit], page: str) -> None:
+    links = set(visits(page).snapshot["colab"])
+    assert links == {f"{COLAB}{page}.ipynb"}, f"{page}.html links to Colab as {sorted(links)}"
+    assert (ROOT / f"{page}.ipynb").exists()
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_chapter_downloads_its_notebook(visits: Callable[[str], Visit], page: str) -> None:
+    links = visits(page).snapshot["download"]
+    assert len(links) == 1, f"{page}.html has {len(links)} download buttons for its source"
+    assert urlsplit(links[0]).path.endswith(f"/_sources/{page}.ipynb"), links[0]
+    with urlopen(links[0], timeout=10) as response:  # noqa: S310 (our own server on 127.0.0.1)
+        downloaded = response.read()
+    assert downloaded == (ROOT / f"{page}.ipynb").read_bytes(), f"the download of {page}.html is not its notebook"
+
+
+def test_landing_page(visits: Callable[[str], Visit], site: str) -> None:
+    """The site's root sends the reader to the first page of the TOC (screenshot: landing.png)."""
+    assert visits("index").final_url == f"{site}{PAGES[0]}.html"
+    assert (SCREENSHOTS / "landing.png").exists()
+
+
+def test_chapter_math_screenshot(visits: Callable[[str], Visit], math_chapter: str) -> None:
+    """The math chapter, scrolled to its first equation (screenshot: chapter_math.png)."""
+    snapshot = visits(math_chapter).snapshot
+    assert snapshot["math"] > 0 and not snapshot["unrendered"]
+    assert (SCREENSHOTS / "chapter_math.png").exists()
+
+
+def test_search_finds_attention(browser: Browser, site: str, html: Path) -> None:
+    """search.html?q=attention lists results whose pages exist; screenshot search.png."""
+    results = "#search-results ul.search li"
+
+    def listed(tab: Any) -> list[dict[str, str]]:
+        tab.wait_for_selector(results, timeout=20_000)
+        return tab.locator(results).evaluate_all(
+            "(items) => items.map((li) => ({text: li.innerText, href: li.querySelector('a').getAttribute('href')}))"
+        )
+
+    loaded = visit(browser, f"{site}search.html?q=attention", screenshot="search.png", before=listed)
+    assert not loaded.errors and not loaded.failed and not loaded.external, loaded
+    items = loaded.extra
+    assert items, "searching for 'attention' listed nothing"
+    assert any("attention" in item["text"].lower() for item in items), items[:3]
+    for item in items:
+        target = html / urlsplit(item["href"]).path
+        assert target.is_file(), f"search result {item['href']} does not exist"
+
+
+class _Anchors(HTMLParser):
+    """The ids a page defines and the URLs it refers to (href and src)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[str] = set()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if values.get("id"):
+            self.ids.add(values["id"])
+        if tag == "a" and values.get("name"):
+            self.ids.add(values["name"])
+        self.refs += [values[key] for key in ("href", "src") if values.get(key)]
+
+
+@functools.cache
+def _parse(path: Path) -> _Anchors:
+    parser = _Anchors()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+@pytest.mark.parametrize("page", ALL_PAGES)
+def test_internal_links_resolve(html: Path, page: str) -> None:
+    """Every link, image and script of the page that stays in the book names a file that exists,
+    and its #fragment an id in that file."""
+    base = "http://book.invalid/"
+    problems = []
+    for ref in _parse(html / f"{page}.html").refs:
+        parts = urlsplit(urljoin(f"{base}{page}.html", ref))
+        if parts.scheme not in ("http", "https") or parts.netloc != "book.invalid":
+            continue  # another site, mailto:, javascript:, data:
+        target = html / unquote(parts.path.lstrip("/"))
+        if parts.path.endswith("/"):
+            target = target / "index.html"
+        if not target.is_file():
+            problems.append(f"{ref}: no file {target.relative_to(html)}")
+        elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _parse(target).ids:
+            problems.append(f"{ref}: no id {parts.fragment!r} in {target.relative_to(html)}")
+    assert not problems, f"{page}.html has broken links:\n" + "\n".join(problems)
