@@ -1,0 +1,203 @@
+"""Datasets for the training chapters: scikit-learn's digits (offline, the default) and CIFAR-10.
+
+``load_digits`` needs no download: the 1,797 8x8 grey images ship inside scikit-learn, so
+it works on a laptop, in CI and in Colab alike. ``load_cifar10`` reads CIFAR-10 through
+torchvision (``download=True`` fetches it, about 170 MB; meant for Colab with a GPU).
+
+Both return a :class:`DatasetSplits`: the train and test sets plus what a model needs to
+know about the images (channels, size, classes). ``make_loaders`` turns it into seeded
+``DataLoader``s, so the order of the batches is the same on every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+# Channel statistics of the CIFAR-10 training set (the values torchvision's examples use).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CIFAR10_FOLDER = "cifar-10-batches-py"  # what torchvision's CIFAR10 reads under its root
+
+
+@dataclass(frozen=True)
+class DatasetSplits:
+    """A train/test split and the image format a model must be built for.
+
+    Each item of ``train`` and ``test`` is ``(image (C, H, W) float, label int)``.
+    """
+
+    train: Dataset
+    test: Dataset
+    in_chans: int
+    image_size: int
+    class_names: tuple[str, ...]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+class RandomShift:
+    """Shift an image by up to ``max_shift`` pixels in each direction, filling the border
+    with the image's background (its smallest value): the small-image version of CIFAR's
+    "pad and random crop". Draws from PyTorch's global generator.
+
+    Shape: image (C, H, W) -> (C, H, W).
+    """
+
+    def __init__(self, max_shift: int = 1) -> None:
+        if not isinstance(max_shift, int) or max_shift < 0:
+            raise ValueError(f"max_shift must be an int >= 0, got {max_shift!r}")
+        self.max_shift = max_shift
+
+    def __call__(self, image: Tensor) -> Tensor:
+        s = self.max_shift
+        if s == 0:
+            return image
+        _, H, W = image.shape
+        padded = torch.nn.functional.pad(image, (s, s, s, s), value=float(image.min()))
+        top, left = torch.randint(0, 2 * s + 1, (2,)).tolist()
+        return padded[:, top : top + H, left : left + W]
+
+    def __repr__(self) -> str:
+        return f"RandomShift(max_shift={self.max_shift})"
+
+
+class TensorImageDataset(Dataset):
+    """Images and labels held in two tensors, with an optional transform of each image.
+
+    Shape: images (N, C, H, W), labels (N,); an item is (image (C, H, W), label).
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor, transform=None) -> None:
+        if images.ndim != 4 or len(images) != len(labels):
+            raise ValueError(
+                f"expected images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and {tuple(labels.shape)}"
+            )
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        image = self.images[index]
+        return (self.transform(image) if self.transform else image), self.labels[index]
+
+
+def load_digits(*, test_fraction: float = 0.2, seed: int = 0, augment: bool = False) -> DatasetSplits:
+    """scikit-learn's handwritten digits as 1x8x8 images, split stratified by class.
+
+    Pixels (0-16) are standardised with the mean and standard deviation of the training
+    images only, so nothing about the test set leaks into training.
+
+    Args:
+        test_fraction: share of the 1,797 images held out for testing, in (0, 1).
+        seed: seed of the split (the same seed gives the same split everywhere).
+        augment: shift each training image by up to one pixel (:class:`RandomShift`).
+
+    Returns:
+        Splits of 1x8x8 float images and int64 labels 0-9.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sklearn_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
+    labels = torch.tensor(bunch.target, dtype=torch.int64)
+    train_idx, test_idx = train_test_split(
+        torch.arange(len(labels)).numpy(), test_size=test_fraction, random_state=seed, stratify=labels.numpy()
+    )
+    train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
+    mean, std = images[train_idx].mean(), images[train_idx].std()
+    images = (images - mean) / std
+    return DatasetSplits(
+        train=TensorImageDataset(images[train_idx], labels[train_idx], RandomShift(1) if augment else None),
+        test=TensorImageDataset(images[test_idx], labels[test_idx]),
+        in_chans=1,
+        image_size=8,
+        class_names=tuple(str(d) for d in range(10)),
+    )
+
+
+def cifar10_transforms(train: bool, augment: bool = True):  # -> torchvision.transforms.Compose
+    """The usual CIFAR-10 preprocessing: random crop (pad 4) and flip for training, then
+    conversion to a float tensor and per-channel standardisation."""
+    from torchvision import transforms as T
+
+    steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train and augment else []
+    return T.Compose([*steps, T.ToTensor(), T.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+
+
+def load_cifar10(root: str | Path, *, download: bool = False, augment: bool = True) -> DatasetSplits:
+    """CIFAR-10 (50,000 train / 10,000 test 3x32x32 images) through torchvision.
+
+    Args:
+        root: folder that holds (or will hold) ``cifar-10-batches-py/``.
+        download: fetch the dataset (about 170 MB) when it is not under ``root``; needs internet.
+        augment: random crop and flip on the training set.
+
+    Raises:
+        NotADirectoryError: ``root`` exists but is a file.
+        FileNotFoundError: the dataset is not under ``root`` and ``download`` is False.
+        RuntimeError: the files under ``root`` are there but corrupt (checksums differ).
+    """
+    root = Path(root).expanduser()
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"CIFAR-10 root must be a folder, got the file {root}")
+    folder = root / CIFAR10_FOLDER
+    if not download and not folder.is_dir():
+        raise FileNotFoundError(
+            f"CIFAR-10 not found: expected the folder {folder} (torchvision's 'python version' of CIFAR-10). "
+            "Pass download=True to fetch it (about 170 MB, needs internet), or point root at the folder "
+            f"that contains {CIFAR10_FOLDER}/"
+        )
+    from torchvision.datasets import CIFAR10
+
+    try:
+        train = CIFAR10(str(root), train=True, download=download, transform=cifar10_transforms(True, augment))
+        test = CIFAR10(str(root), train=False, download=download, transform=cifar10_transforms(False))
+    except RuntimeError as error:  # torchvision: "Dataset not found or corrupted."
+        raise RuntimeError(
+            f"CIFAR-10 under {folder} is incomplete or corrupt ({error}); delete the folder and "
+            "load again with download=True"
+        ) from error
+    return DatasetSplits(train=train, test=test, in_chans=3, image_size=32, class_names=CIFAR10_CLASSES)
+
+
+DATASETS = {"digits": load_digits, "cifar10": load_cifar10}
+
+
+def load_dataset(name: str, **kwargs) -> DatasetSplits:
+    """``load_digits(**kwargs)`` for ``"digits"``, ``load_cifar10(**kwargs)`` for ``"cifar10"``."""
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; expected one of {sorted(DATASETS)}")
+    return DATASETS[name](**kwargs)
+
+
+def make_loaders(
+    splits: DatasetSplits, *, batch_size: int = 64, seed: int = 0, num_workers: int = 0
+) -> tuple[DataLoader, DataLoader]:
+    """Shuffled training loader (its own seeded generator: same order every run) and an
+    unshuffled test loader."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    generator = torch.Generator().manual_seed(seed)
+    train = DataLoader(
+        splits.train, batch_size=batch_size, shuffle=True, generator=generator, num_workers=num_workers
+    )
+    test = DataLoader(splits.test, batch_size=max(batch_size, 256), shuffle=False, num_workers=num_workers)
+    return train, test
+
+
+def first_batch(dataset: Dataset, n: int) -> tuple[Tensor, Tensor]:
+    """The first ``n`` items of ``dataset`` stacked: images (n, C, H, W), labels (n,)."""
+    items = [dataset[i] for i in range(min(n, len(dataset)))]
+    return torch.stack([x for x, _ in items]), torch.tensor([int(y) for _, y in items])
