@@ -2,6 +2,7 @@
 
 from vitlab.registry import convert_state_dict, create_model, get_config, list_models, set_fused_attention
 from vitlab.utils import count_parameters, pick_device, seed_everything
+from vitlab.weights import load_checkpoint, load_pretrained, load_state_dict, save_state_dict
 
 __version__ = "0.1.0"
 
@@ -11,6 +12,7 @@ __all__ = [
     "create_model",
     "get_config",
     "list_models",
+    "load_checkpoint", "load_pretrained", "load_state_dict", "save_state_dict",
     "pick_device",
     "seed_everything",
     "set_fused_attention",

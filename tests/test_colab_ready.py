@@ -1,0 +1,188 @@
+"""Colab readiness: every chapter's setup cell, and the install path it relies on.
+
+The setup cell (first cell of every notebook) installs ``vitlab`` from the repository set
+in ``_config.yml``, only on Colab, and leaves Colab's preinstalled torch alone.
+test_repository.py checks that the cell is there and stores no output; this file checks
+what it does, and proves the path end to end: ``vitlab`` built as a wheel, installed into a
+fresh virtual environment with the reader's requirements.txt only, runs two chapters.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# Chapters run in the fresh environment: they need nothing beyond requirements.txt (02, 03,
+# 06 and 09 import timm, a dev requirement) and no torchvision (see COLAB_TORCH). They run
+# there a second time, so test_determinism.py leaves them out.
+COLAB_CHAPTERS = ("01_patches.ipynb", "10_levit.ipynb")
+# Colab ships torch preinstalled and the setup cell never reinstalls it. We stand in for it
+# with a CPU build that pip finds on this machine's disk (a plain `torch` would pull a
+# multi-GB CUDA build). PyPI's torchvision 0.28.0, the one release made for torch 2.13, is
+# built against the CUDA torch and does not import beside the CPU build ("operator
+# torchvision::nms does not exist"), hence chapters without torchvision. For a pair that
+# imports, set e.g. VITLAB_COLAB_TORCH="torch==2.14.1 torchvision==0.29.1" (5 GB, slower).
+COLAB_TORCH = os.environ.get("VITLAB_COLAB_TORCH", "torch==2.13.0").split()
+# Install flags that would replace Colab's torch, or a requirement naming it.
+REINSTALL_FLAGS = {"-U", "--upgrade", "--force-reinstall", "--ignore-installed", "-I"}
+TORCH_PACKAGES = {"torch", "torchvision", "torchaudio"}
+
+
+def setup_cell(path: Path) -> str:
+    return "".join(json.loads(path.read_text(encoding="utf-8"))["cells"][0]["source"])
+
+
+def repository_requirement() -> str:
+    """``vitlab @ git+<url>@<branch>`` from _config.yml's ``repository`` section."""
+    repository = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    return f"vitlab @ git+{repository['url']}@{repository['branch']}"
+
+
+def run_cell(code: str, monkeypatch: pytest.MonkeyPatch, on_colab: bool) -> list[tuple[list, dict]]:
+    """Execute a setup cell with ``subprocess.run`` recorded, not run; returns the calls."""
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: calls.append((list(args[0]), kwargs)))
+    if on_colab:
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    exec(compile(code, "<setup cell>", "exec"), {})
+    return calls
+
+
+def requirement_name(spec: str) -> str:
+    return re.split(r"[\s<>=!~;@\[]", spec, maxsplit=1)[0].lower()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_cell_does_nothing_outside_colab(path: Path, monkeypatch: pytest.MonkeyPatch, capfd) -> None:
+    calls = run_cell(setup_cell(path), monkeypatch, on_colab=False)
+    assert calls == [], "the setup cell runs a command outside Colab"
+    assert capfd.readouterr() == ("", ""), "the setup cell prints outside Colab"
+    guarded = ast.parse(setup_cell(path)).body
+    loose = [type(node).__name__ for node in guarded if not isinstance(node, (ast.Import, ast.If))]
+    assert not loose, f"statements outside the Colab guard: {loose}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_cell_on_colab_installs_vitlab_from_the_configured_repository(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = run_cell(setup_cell(path), monkeypatch, on_colab=True)
+    assert len(calls) == 1, f"expected one pip call on Colab, got {len(calls)}"
+    command, kwargs = calls[0]
+    assert command[:4] == [sys.executable, "-m", "pip", "install"], f"not `python -m pip install`: {command[:4]}"
+    assert kwargs.get("check") is True, "a failed install must stop the notebook (check=True)"
+    assert repository_requirement() in command, (
+        f"the cell must install {repository_requirement()!r} (_config.yml's repository url and branch)"
+    )
+    flags = REINSTALL_FLAGS.intersection(command[4:])
+    torch_specs = [spec for spec in command[4:] if requirement_name(spec) in TORCH_PACKAGES]
+    assert not flags and not torch_specs, f"the cell would reinstall Colab's torch: {sorted(flags) + torch_specs}"
+
+
+def test_vitlab_accepts_any_recent_torch() -> None:
+    # pip keeps an installed torch that satisfies vitlab's requirement: only a lower bound
+    # on torch lets Colab's preinstalled torch satisfy it whatever its version.
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    torch_specs = [d for d in dependencies if requirement_name(d) in TORCH_PACKAGES]
+    assert torch_specs and all(re.fullmatch(r"torch\s*>=\s*[\d.]+", d) for d in torch_specs), (
+        f"vitlab's torch requirement must be a lower bound only, got {torch_specs}"
+    )
+
+
+# ---------------------------------------------------------------- the fresh environment
+
+
+def index_unreachable() -> str | None:
+    """Why pip cannot reach its package index, or None when it can."""
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple/")
+    try:
+        urllib.request.urlopen(urllib.request.Request(index, method="HEAD"), timeout=10).close()
+    except OSError as error:
+        return f"no package index ({index}: {error})"
+    return None
+
+
+def fresh_environment_skip_reason() -> str | None:
+    """Why the fresh-environment test is skipped, or None when it runs. On CI it always runs."""
+    return None if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else index_unreachable()
+
+
+def run(command: list, timeout: int, **kwargs) -> str:
+    """Run ``command``; on failure, fail with its output's tail. Returns stdout."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if result.returncode:
+        tail = (result.stdout + result.stderr)[-4000:]
+        pytest.fail(f"`{' '.join(map(str, command))}` exited {result.returncode}:\n{tail}", pytrace=False)
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_wheel_runs_chapters_in_a_fresh_environment(tmp_path: Path) -> None:
+    reason = fresh_environment_skip_reason()
+    if reason:  # never on CI: there the test runs, and fails if it cannot
+        pytest.skip(reason)
+    for chapter in COLAB_CHAPTERS:  # torchvision is installed but does not import (COLAB_TORCH)
+        cells = json.loads((ROOT / "notebooks" / chapter).read_text(encoding="utf-8"))["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        needs = re.findall(r"^\s*(?:import|from) (timm|transformers|torchvision)\b", code, re.MULTILINE)
+        assert not needs, f"{chapter} imports {needs}: pick chapters that need requirements.txt only"
+
+    # What `pip install git+<repository>` builds on Colab: a wheel, in an isolated build.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "vitlab", source / "vitlab", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.cfg", "setup.py"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, source / name)
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", source], timeout=600)
+    wheel = next((tmp_path / "dist").glob("vitlab-*.whl"))
+
+    # A fresh environment from the base interpreter: nothing of the dev environment leaks in.
+    venv = tmp_path / "venv"
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    env["PYTHONNOUSERSITE"] = "1"
+    try:
+        run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv], timeout=300)
+        pip = [python, "-m", "pip", "install", "--no-compile", "--progress-bar", "off"]
+        run(pip + COLAB_TORCH, timeout=1200, env=env)  # "Colab's preinstalled torch"
+        versions = "import importlib.metadata as m, sys; print(*(f'{n}=={m.version(n)}' for n in sys.argv[1:]))"
+        preinstalled = run([python, "-c", versions, *map(requirement_name, COLAB_TORCH)], 60, env=env).split()
+        (tmp_path / "constraints.txt").write_text("\n".join(preinstalled) + "\n")
+
+        # The reader's requirements and the wheel; pytest and nbval are the test harness only.
+        dev = (ROOT / "requirements-dev.txt").read_text().splitlines()
+        harness = [line.split("#")[0].strip() for line in dev if requirement_name(line) in {"pytest", "nbval"}]
+        requirements = ["-r", ROOT / "requirements.txt", wheel, *harness]
+        run(pip + ["-c", tmp_path / "constraints.txt", *requirements], timeout=1200, env=env)
+        after = run([python, "-c", versions, *map(requirement_name, COLAB_TORCH)], 60, env=env).split()
+        assert after == preinstalled, f"the install replaced the preinstalled {preinstalled} by {after}"
+
+        chapters = tmp_path / "chapters"  # no vitlab/ folder here: imports resolve to the wheel
+        chapters.mkdir()
+        for chapter in COLAB_CHAPTERS:
+            shutil.copy2(ROOT / "notebooks" / chapter, chapters / chapter)
+        shutil.copy2(ROOT / "tests" / "nbval_sanitize.cfg", chapters)
+        (chapters / "pytest.ini").write_text("[pytest]\n")  # keeps pytest from finding other configs
+        where = run([python, "-c", "import vitlab; print(vitlab.__file__)"], 60, env=env, cwd=chapters)
+        assert where.startswith(str(venv)), f"vitlab imported from {where.strip()}, not from the wheel"
+        nbval = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "nbval_sanitize.cfg"]
+        pytest_command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nbval, *COLAB_CHAPTERS]
+        run(pytest_command, 900, env=env, cwd=chapters)
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # 1.6 GB; pytest keeps the last three tmp folders
