@@ -12,7 +12,7 @@ help:
 	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
 	@echo "make mathjax    install MathJax with npm ci and copy it into book/_static (the book serves it)"
 	@echo "make test       unit tests, the book build and every notebook against its stored outputs"
-	@echo "make test-fast  unit tests only (tests/)"
+	@echo "make test-fast  unit tests only (tests/), without the slow ones (second notebook run, fresh venv)"
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
 	@echo "make execute    re-run every notebook in place (regenerates the stored outputs)"
 	@echo "make book       build the book into _build/html"
@@ -52,7 +52,7 @@ test: $(STAMP) mathjax
 	$(PY) -m pytest tests notebooks $(NBVAL)
 
 test-fast: $(STAMP) mathjax
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not slow"
 
 # CI has no GPU: run this by hand on a CUDA machine. The stored outputs are
 # device-independent, so the same notebooks must pass there too.
