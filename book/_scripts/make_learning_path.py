@@ -79,7 +79,7 @@ VARIANTS = (
     )),
 )  # fmt: skip
 CLOSING = Group("Putting it together", "after the variants", "#D55E00", "#f9e0d2", (
-    Chapter(12, "Training a ViT", ("a model and a recipe,", "trained end to end")),
+    Chapter(12, "Training a ViT", ("a tiny ViT trained on", "digits; attention rollout")),
     Chapter(13, "The family side by side", ("every variant compared", "on the same footing")),
 ))  # fmt: skip
 HUB = ("ViT: the encoder every variant changes",

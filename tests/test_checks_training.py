@@ -1,0 +1,163 @@
+"""vitlab.checks.warmup_cosine and attention_rollout: a right answer passes, each known mistake is named.
+
+The "student" functions are written independently of the checks' references (other ops, other
+groupings); the references are vitlab.train.warmup_cosine and vitlab.rollout.attention_rollout.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+import vitlab.checks as checks
+from test_checks import run  # runs a check; asserts one printed line and a CheckResult
+
+NAMES = ["warmup_cosine", "attention_rollout"]
+
+# ---------------------------------------------------------------- right answers
+
+
+def schedule_ok(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    done = min(step - warmup_steps, total_steps - warmup_steps)  # steps of the cosine so far
+    t = done / (total_steps - warmup_steps)
+    return min_ratio + (1 - min_ratio) * (1 + math.cos(math.pi * t)) / 2
+
+
+def residual_maps(maps: list[Tensor], *, renormalise: bool = True) -> list[Tensor]:
+    N = maps[0].shape[-1]
+    mats = [a.sum(1) / a.shape[1] + torch.eye(N) for a in maps]  # A + I, rows summing to 2
+    return [m / m.sum(-1, keepdim=True) for m in mats] if renormalise else mats
+
+
+def rollout_ok(maps: list[Tensor]) -> Tensor:
+    return functools.reduce(lambda r, m: torch.bmm(m, r), residual_maps(maps))
+
+
+SOLUTIONS: dict[str, Callable[..., Any]] = {"warmup_cosine": schedule_ok, "attention_rollout": rollout_ok}
+
+# ---------------------------------------------------------------- known wrong answers
+
+
+def schedule_with(**change: Callable[..., float]) -> Callable[..., float]:
+    """schedule_ok with its warmup or cosine part replaced."""
+
+    def fn(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+        if step < warmup_steps:
+            return change.get("warmup", lambda s, w: (s + 1) / w)(step, warmup_steps)
+        cosine = change.get("cosine", lambda s, T, w, m: schedule_ok(s, total_steps=T, warmup_steps=w, min_ratio=m))
+        return cosine(step, total_steps, warmup_steps, min_ratio)
+
+    return fn
+
+
+def half_cos(t: float) -> float:
+    return (1 + math.cos(math.pi * min(t, 1.0))) / 2
+
+
+def max_fusion(maps: list[Tensor]) -> Tensor:
+    mats = [a.max(1).values + torch.eye(a.shape[-1]) for a in maps]  # rows no longer sum to 2: renormalise
+    return functools.reduce(lambda r, m: m @ r, [m / m.sum(-1, keepdim=True) for m in mats])
+
+
+W = pytest.param  # (check, student function, words the message must contain)
+WRONG = [
+    W("warmup_cosine", schedule_with(warmup=lambda s, w: s / w), "the first step does not train", id="from_zero"),
+    W("warmup_cosine", schedule_with(cosine=lambda s, T, w, m: m + (1 - m) * half_cos(s / T)),
+      "progress counts from step 0", id="progress_from_zero"),
+    W("warmup_cosine", schedule_with(cosine=lambda s, T, w, m: m + half_cos((s - w) / (T - w))),
+      "the peak is 1 + min_ratio", id="min_unscaled"),
+    W("warmup_cosine", schedule_with(cosine=lambda s, T, w, m: m + (1 - m) * math.cos(math.pi * (s - w) / (T - w))),
+      "a negative learning rate", id="full_cosine"),
+    W("warmup_cosine", schedule_with(cosine=lambda s, T, w, m: half_cos((s - w) / (T - w))), "the cosine ends at 0",
+      id="no_min_ratio"),
+    W("warmup_cosine", lambda s, *, total_steps, warmup_steps, min_ratio=0.0: schedule_ok(
+        s, total_steps=total_steps, warmup_steps=0, min_ratio=min_ratio), "there is no warmup", id="no_warmup"),
+    W("attention_rollout", lambda maps: functools.reduce(lambda r, a: a @ r, [a.mean(1) for a in maps]),
+      "the residual is left out", id="no_residual"),
+    W("attention_rollout", lambda maps: functools.reduce(torch.bmm, residual_maps(maps)), "the wrong order",
+      id="order"),
+    W("attention_rollout", lambda maps: functools.reduce(lambda r, m: m @ r, residual_maps(maps, renormalise=False)),
+      "without renormalising", id="no_renormalisation"),
+    W("attention_rollout", lambda maps: max_fusion(maps), "fused by their maximum", id="max_fusion"),
+    W("attention_rollout", lambda maps: sum(residual_maps(maps)) / len(maps), "averaged; rollout multiplies",
+      id="layer_mean"),
+    W("attention_rollout", lambda maps: residual_maps(maps)[-1], "only the last block", id="last_only"),
+    W("attention_rollout", lambda maps: functools.reduce(
+        lambda r, a: (a + torch.eye(a.shape[-1])) / 2 @ r, maps[1:], (maps[0] + torch.eye(maps[0].shape[-1])) / 2
+    ).mean(1), "each head is rolled out on its own", id="per_head"),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- both checks
+
+
+def test_exported_and_documented() -> None:
+    for name in NAMES:
+        assert name in checks.__all__ and "Shape:" in getattr(checks, name).__doc__
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_correct_solution_passes(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, SOLUTIONS[name])
+    assert result and result.status == "passed" and result.case is None and result.erratum is None
+    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)
+
+
+@pytest.mark.parametrize(("name", "fn", "words"), WRONG)
+def test_known_wrong_answer_fails_with_its_message(
+    capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str
+) -> None:
+    result, line = run(capsys, name, fn)
+    assert not result and result.status == "failed" and line.startswith(f"FAIL {name} [case ")
+    assert "a known mistake: " in line and words in line, line
+    assert result.erratum is None and result.case is not None and result.case in line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_is_not_implemented_yet(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    result, line = run(capsys, name, stub)
+    assert not result and result.status == "not implemented" and line == f"TODO {name}: not implemented yet"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_crash_wrong_type_and_missing_return_fail(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    result, line = run(capsys, name, lambda *args, **kwargs: 1 / 0)
+    assert not result and re.fullmatch(rf"FAIL {name} \[case 1/\d+: .+\]: raised ZeroDivisionError: division by zero",
+                                       line)  # fmt: skip
+    result, line = run(capsys, name, lambda *args, **kwargs: torch.zeros(3, 1))
+    assert not result and line.endswith(
+        "expected shape (1, 3, 3), got (3, 1)" if name == "attention_rollout" else "got a tensor of shape (3, 1)"
+    )
+    result, line = run(capsys, name, lambda *args, **kwargs: None)
+    assert not result and line.endswith("returned None (is a `return` missing?)")
+
+
+def test_the_schedule_keywords_are_required(capsys: pytest.CaptureFixture[str]) -> None:
+    """The check passes the arguments after ``step`` by keyword, as vitlab.train.fit does."""
+    result, line = run(capsys, "warmup_cosine", lambda step, total, warmup, min_ratio=0.0: 1.0)
+    assert not result and "raised TypeError" in line and "total_steps" in line
+
+
+def test_unexplained_wrong_answers_say_what_differs(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "attention_rollout", lambda maps: rollout_ok(maps) + 0.01)
+    assert not result and "values differ from the reference: max error" in line
+    result, line = run(capsys, "warmup_cosine", lambda step, **kwargs: schedule_ok(step, **kwargs) + 0.1)
+    assert not result and re.search(r"\[case 1/\d+: step=0, .+\]: expected \S+, got \S+$", line), line
+
+
+def test_checks_leave_the_global_rng_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    state = torch.random.get_rng_state()
+    run(capsys, "attention_rollout", rollout_ok)
+    assert torch.equal(state, torch.random.get_rng_state())

@@ -1,0 +1,105 @@
+"""vitlab.rollout: attention rollout (Abnar and Zuidema, 2020) on hand-made maps and on a ViT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.layers import collect_attention_maps
+from vitlab.rollout import attention_rollout, cls_rollout_map, model_rollout
+
+
+def random_maps(depth: int, B: int, h: int, N: int, seed: int = 0) -> list[torch.Tensor]:
+    """Softmax-normalised random attention maps, like a model's."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, h, N, N, generator=g).mul(2).softmax(-1) for _ in range(depth)]
+
+
+@pytest.mark.parametrize("head_fusion", ["mean", "max", "min"])
+@pytest.mark.parametrize("discard_ratio", [0.0, 0.5])
+def test_rows_are_distributions(head_fusion: str, discard_ratio: float) -> None:
+    rollout = attention_rollout(random_maps(4, 2, 3, 7), head_fusion=head_fusion, discard_ratio=discard_ratio)
+    assert rollout.shape == (2, 7, 7)
+    assert (rollout >= 0).all()
+    torch.testing.assert_close(rollout.sum(-1), torch.ones(2, 7))
+
+
+def test_identity_maps_give_the_identity() -> None:
+    eye = torch.eye(5).expand(2, 3, 5, 5)
+    for add_residual in (True, False):
+        rollout = attention_rollout([eye, eye, eye], add_residual=add_residual)
+        torch.testing.assert_close(rollout, torch.eye(5).expand(2, 5, 5))
+
+
+def test_two_layers_by_hand() -> None:
+    a1 = torch.tensor([[1.0, 0.0], [0.5, 0.5]])  # one head, two tokens
+    a2 = torch.tensor([[0.5, 0.5], [0.0, 1.0]])
+    # 0.5 A + 0.5 I: [[1, 0], [0.25, 0.75]] and [[0.75, 0.25], [0, 1]]; later block on the left.
+    expected = torch.tensor([[0.8125, 0.1875], [0.25, 0.75]])
+    rollout = attention_rollout([a1[None, None], a2[None, None]])
+    torch.testing.assert_close(rollout[0], expected)
+    # Without the residual the raw maps are multiplied: A2 A1.
+    torch.testing.assert_close(attention_rollout([a1[None, None], a2[None, None]], add_residual=False)[0], a2 @ a1)
+
+
+def test_one_layer_is_the_head_mean_with_the_residual() -> None:
+    maps = random_maps(1, 2, 4, 6)
+    torch.testing.assert_close(attention_rollout(maps), 0.5 * maps[0].mean(1) + 0.5 * torch.eye(6))
+
+
+def test_head_fusion_and_discard() -> None:
+    maps = random_maps(1, 1, 3, 4, seed=1)
+    fused = maps[0].amax(1)
+    expected = 0.5 * fused + 0.5 * torch.eye(4)
+    torch.testing.assert_close(attention_rollout(maps, head_fusion="max"), expected / expected.sum(-1, keepdim=True))
+    discarded = attention_rollout(maps, discard_ratio=0.5)  # the 2 smallest of each row's 4 weights go
+    off_diagonal = discarded[0][~torch.eye(4, dtype=torch.bool)].view(4, 3)
+    assert ((off_diagonal == 0).sum(-1) >= 2).all(), "the diagonal is never discarded"
+
+
+@pytest.mark.parametrize(
+    ("maps", "match"),
+    [
+        ([], r"non-empty list .* got an empty list"),
+        (torch.rand(2, 3, 5, 5), r"non-empty list .* got a tensor of shape \(2, 3, 5, 5\)"),
+        ([torch.rand(2, 5, 5)], r"attn_maps\[0\] must have shape \(B, h, N, N\), got \(2, 5, 5\)"),
+        ([torch.rand(1, 2, 5, 4)], r"got \(1, 2, 5, 4\)"),
+        ([torch.rand(1, 2, 5, 5), torch.rand(1, 2, 6, 6)], r"\(1, 2, 5, 5\); attn_maps\[1\] has \(1, 2, 6, 6\)"),
+    ],
+)
+def test_bad_maps_raise_naming_shapes(maps: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        attention_rollout(maps)
+
+
+def test_bad_options_raise() -> None:
+    maps = random_maps(1, 1, 1, 3)
+    with pytest.raises(ValueError, match="head_fusion must be 'mean', 'max' or 'min', got 'sum'"):
+        attention_rollout(maps, head_fusion="sum")
+    with pytest.raises(ValueError, match=r"discard_ratio must be in \[0, 1\), got 1.0"):
+        attention_rollout(maps, discard_ratio=1.0)
+    with pytest.raises(ValueError, match=r"expected a rollout of shape \(B, 5, 5\) for a 2x2 grid .* got \(1, 4, 4\)"):
+        cls_rollout_map(torch.rand(1, 4, 4), (2, 2))
+
+
+def test_model_rollout_on_a_small_vit() -> None:
+    vitlab.seed_everything(0)
+    model = vitlab.create_model("vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, num_classes=10,
+                                embed_dim=32, depth=3, num_heads=4)  # fmt: skip
+    images = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    grid = model_rollout(model, images)
+    assert grid.shape == (3, 4, 4)
+    with torch.no_grad():
+        maps = collect_attention_maps(model.embed(images), model.blocks)
+    assert len(maps) == 3 and maps[0].shape == (3, 4, 17, 17)
+    torch.testing.assert_close(grid, attention_rollout(maps)[:, 0, 1:].reshape(3, 4, 4))
+    assert (grid.sum((-2, -1)) < 1).all()  # the rest of the class token's row is its own weight
+    with pytest.raises(TypeError, match="ViT-like model"):
+        model_rollout(torch.nn.Linear(2, 2), images)
+
+
+def test_model_rollout_of_a_distilled_deit_skips_both_prefix_tokens() -> None:
+    model = vitlab.create_model("deit_tiny_distilled_patch16_224", img_size=8, patch_size=4, in_chans=1,
+                                num_classes=10, embed_dim=32, depth=2, num_heads=4)  # fmt: skip
+    assert model_rollout(model, torch.zeros(1, 1, 8, 8)).shape == (1, 2, 2)

@@ -1,0 +1,134 @@
+"""Checks for the training chapter: the warmup + cosine schedule and attention rollout."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check
+from vitlab.rollout import attention_rollout as _rollout
+from vitlab.train import warmup_cosine as _warmup_cosine
+
+# (total_steps, warmup_steps, min_ratio): a short and a long run, one with no warmup.
+_SCHEDULES = ((100, 10, 0.0), (240, 24, 0.01), (30, 0, 0.1), (1000, 150, 0.05))
+
+
+def _schedule(
+    step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
+    warmup_from_zero: bool = False, progress_from_zero: bool = False, min_unscaled: bool = False,
+    half: bool = True,
+) -> float:  # fmt: skip
+    """The schedule; the keywords turn on the known wrong answers."""
+    if step < warmup_steps:
+        return step / warmup_steps if warmup_from_zero else (step + 1) / warmup_steps
+    start = 0 if progress_from_zero else warmup_steps
+    progress = min(1.0, (step - start) / max(1, total_steps - start))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress)) if half else math.cos(math.pi * progress)
+    return min_ratio + cosine if min_unscaled else min_ratio + (1.0 - min_ratio) * cosine
+
+
+def warmup_cosine(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(step, *, total_steps, warmup_steps, min_ratio=0.0) -> multiplier``.
+
+    The learning rate of step ``step`` (counted from 0) is ``peak_lr * multiplier``:
+
+    * warmup, ``step < warmup_steps``: ``(step + 1) / warmup_steps``, rising linearly
+      from ``1 / warmup_steps`` at step 0 to 1 at the last warmup step;
+    * then a half cosine from 1 down to ``min_ratio``:
+      ``min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * progress))`` with
+      ``progress = (step - warmup_steps) / (total_steps - warmup_steps)``, at most 1.
+
+    As :func:`vitlab.train.warmup_cosine`. The arguments after ``step`` are passed by
+    keyword; steps from 0 to ``total_steps`` of four schedules are tried (one without warmup).
+
+    Shape: ints and a float -> one float.
+    """
+    cases = []
+    for total, warmup, min_ratio in _SCHEDULES:
+        steps = sorted({0, max(warmup - 1, 0), warmup, warmup + 1, (warmup + total) // 2, total - 1, total})
+        kwargs = {"total_steps": total, "warmup_steps": warmup, "min_ratio": min_ratio}
+        cases += [Case(f"step={s}, total_steps={total}, warmup_steps={warmup}, min_ratio={min_ratio}", (s,), kwargs)
+                  for s in steps]  # fmt: skip
+
+    def wrong(message: str, **knobs: bool) -> KnownWrong:
+        return KnownWrong(lambda step, **kwargs: _schedule(step, **kwargs, **knobs), message)
+
+    wrongs = [
+        wrong("the warmup starts at 0 (step / warmup_steps), so the first step does not train; it starts at "
+              "1 / warmup_steps: (step + 1) / warmup_steps", warmup_from_zero=True),
+        wrong("the cosine's progress counts from step 0; it starts when the warmup ends: "
+              "(step - warmup_steps) / (total_steps - warmup_steps)", progress_from_zero=True),
+        wrong("min_ratio is added to the full cosine, so the peak is 1 + min_ratio; scale the cosine by "
+              "(1 - min_ratio)", min_unscaled=True),
+        wrong("cos(pi * progress) runs from 1 to -1: a negative learning rate; the half cosine is "
+              "0.5 * (1 + cos(pi * progress))", half=False),
+        KnownWrong(lambda step, **kwargs: _warmup_cosine(step, **{**kwargs, "min_ratio": 0.0}),
+                   "the cosine ends at 0; it ends at min_ratio: min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(...))"),
+        KnownWrong(lambda step, **kwargs: _warmup_cosine(step, **{**kwargs, "warmup_steps": 0}),
+                   "there is no warmup: the multiplier is 1 at step 0; it rises over the first warmup_steps steps"),
+    ]  # fmt: skip
+    return run_check(
+        "warmup_cosine", fn, cases, _warmup_cosine, known_wrong=wrongs,
+        expect=Expect(kind="number", rtol=1e-6, atol=1e-9),
+    )  # fmt: skip
+
+
+def _fused(maps: Sequence[Tensor]) -> list[Tensor]:
+    """0.5 * mean-over-heads + 0.5 * I for every block. Shape: depth x (B, h, N, N) -> depth x (B, N, N)."""
+    eye = torch.eye(maps[0].shape[-1])
+    return [0.5 * a.mean(1) + 0.5 * eye for a in maps]
+
+
+def _product(maps: Sequence[Tensor], *, first_on_left: bool = False) -> Tensor:
+    rollout = maps[0]
+    for a in maps[1:]:
+        rollout = rollout @ a if first_on_left else a @ rollout
+    return rollout
+
+
+def _per_head(maps: Sequence[Tensor]) -> Tensor:
+    """Rollout of each head on its own, then the mean over the heads."""
+    eye = torch.eye(maps[0].shape[-1])
+    return _product([0.5 * a + 0.5 * eye for a in maps]).mean(1)
+
+
+def attention_rollout(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(attn_maps) -> rollout``: attention rollout (Abnar and Zuidema, 2020).
+
+    ``attn_maps`` is a list with one attention map per block, first block first, each
+    (B, h, N, N) with rows summing to 1. For every block: average the heads, ``A`` (B, N, N);
+    add the residual, ``0.5 * A + 0.5 * I``, and renormalise each row to sum to 1; then
+    multiply the blocks' matrices with later blocks on the left, ``R = Â_L ... Â_2 Â_1``.
+    As :func:`vitlab.rollout.attention_rollout` with its defaults. Four cases, 1 to 4 blocks.
+
+    Shape: depth x (B, h, N, N) -> (B, N, N).
+    """
+    cases = []
+    for seed, (depth, B, h, N) in enumerate(((1, 1, 2, 3), (2, 1, 2, 4), (3, 2, 3, 5), (4, 2, 4, 6))):
+        g = generator(seed)
+        maps = [torch.randn(B, h, N, N, generator=g).mul(2).softmax(-1) for _ in range(depth)]
+        cases.append(Case(f"{depth} block(s) of ({B}, {h}, {N}, {N})", (maps,)))
+    eye = torch.eye
+    wrongs = [
+        KnownWrong(lambda maps: _rollout(maps, add_residual=False),
+                   "the residual is left out: each block's map is 0.5 * A + 0.5 * I, because x + Attn(x) "
+                   "keeps half of every token as it is"),
+        KnownWrong(lambda maps: _product(_fused(maps), first_on_left=True),
+                   "the blocks are multiplied in the wrong order (Â_1 Â_2 ... Â_L); later blocks go on the left: "
+                   "R = Â_L ... Â_1, i.e. rollout = a @ rollout"),
+        KnownWrong(lambda maps: _product([a.mean(1) + eye(a.shape[-1]) for a in maps]),
+                   "A + I is used without renormalising, so the rows sum to 2, 4, 8 ...; use (A + I) / 2, "
+                   "whose rows sum to 1"),
+        KnownWrong(lambda maps: _rollout(maps, head_fusion="max"),
+                   "the heads are fused by their maximum; the rollout of the paper averages them"),
+        KnownWrong(lambda maps: torch.stack(_fused(maps)).mean(0),
+                   "the blocks' maps are averaged; rollout multiplies them (R = Â_L ... Â_1)"),
+        KnownWrong(lambda maps: _fused(maps)[-1], "only the last block's map is used; rollout multiplies all blocks"),
+        KnownWrong(_per_head, "each head is rolled out on its own and the heads averaged at the end; average "
+                   "the heads of each block first, then multiply"),
+    ]  # fmt: skip
+    return run_check("attention_rollout", fn, cases, _rollout, known_wrong=wrongs)
