@@ -18,18 +18,22 @@ runs first after another one heated the caches):
   variant. Its ratio to the reference should be 1; how far it is from 1 is the noise floor.
 
 ``--memory`` additionally measures one training step (train mode, forward, cross-entropy,
-backward) of vitlab (fused) and of the reference, batch ``--batch-size``, and reports the
-peak of the memory allocated during the step and the ratio vitlab / reference. On CUDA:
+backward) of vitlab fused, vitlab explicit and the reference, batch ``--batch-size``, and
+reports the peak of the memory allocated during the step and the ratio vitlab / reference. On CUDA:
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory
 allocated before the step (weights). On CPU: ``torch.profiler.profile(profile_memory=True)``
 records every allocation and free of the step; the peak is the maximum of their running
 sum (CPU device), the total is the sum of all allocations.
 
-Reported: the median wall-clock time of ``--runs`` passes per variant, as images/s, and
-the ratio to the reference (> 1 means vitlab is faster). On a shared machine other processes steal
-wall-clock time unevenly, so the ratio of the median *process CPU time* is printed too
+Reported: the median wall-clock time of ``--runs`` passes per variant (``--stat min``: the
+fastest pass), as images/s, and the ratio to the reference (> 1 means vitlab is faster).
+Other processes only ever add time to a pass, so on a busy machine the fastest pass is the
+steadier estimate of what the code itself costs. They also steal wall-clock time unevenly,
+so the ratio of the median (fastest) *process CPU time* is printed too
 (CPU only; on CUDA it measures the host side and is left out). fp32, eval mode,
-``torch.inference_mode()``.
+``torch.inference_mode()``. The closing markdown table has one row per model: the
+reference's images/s, then images/s and ratios of vitlab fused and of vitlab explicit (the
+teaching path's cost), the control's ratio and the largest spread of any variant.
 
 Usage::
 
@@ -83,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="'auto' (cuda when present), 'cpu' or 'cuda'")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one forward+backward step")
+    parser.add_argument("--stat", choices=("median", "min"), default="median",
+                        help="time per variant: the median pass, or the fastest (steadier on a busy machine)")
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error(f"--runs must be at least 5 for a meaningful median, got {args.runs}")
@@ -168,8 +174,8 @@ def time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, fl
 
 
 def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tuple[str, dict[str, dict[str, float]]]:
-    """The reference's source and, per variant: median wall and CPU seconds per forward
-    pass, and the wall spread."""
+    """The reference's source and, per variant: median (or fastest, ``--stat min``) wall and
+    CPU seconds per forward pass, and the wall spread."""
     model, reference, source, size, diff = build_pair(name, device)
     if diff > 1e-4:
         raise RuntimeError(f"{name}: vitlab and {source} logits differ by {diff:.2e} (expected <= 1e-4)")
@@ -206,14 +212,16 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
     result = {}
     for v, ts in times.items():
         walls = [w for w, _ in ts]
-        wall = statistics.median(walls)
-        cpu = statistics.median(c for _, c in ts)
-        result[v] = {"wall": wall, "cpu": cpu, "spread": (max(walls) - min(walls)) / wall}
+        stat = min if args.stat == "min" else statistics.median
+        cpu = stat(c for _, c in ts)
+        result[v] = {"wall": stat(walls), "cpu": cpu, "spread": (max(walls) - min(walls)) / statistics.median(walls)}
     if args.memory:
-        result["memory"] = {
-            "vitlab": step_memory(model, images, device),
-            source: step_memory(reference, images, device),
-        }
+        memory = {"vitlab": step_memory(model, images, device), source: step_memory(reference, images, device)}
+        if switchable:  # the explicit (teaching) path's cost in memory too
+            vitlab.set_fused_attention(model, False)
+            memory["vitlab explicit"] = step_memory(model, images, device)
+            vitlab.set_fused_attention(model, True)
+        result["memory"] = memory
     return source, result
 
 
@@ -262,6 +270,52 @@ def step_memory(model: nn.Module, images: torch.Tensor, device: torch.device) ->
         model.eval()
 
 
+def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int, on_cpu: bool) -> None:
+    """One markdown row per model: images/s of the reference, vitlab fused and vitlab explicit,
+    each vitlab path's ratio to the reference (wall and CPU time, > 1 = vitlab faster), the
+    control's ratio (the noise floor) and the largest spread of any variant's passes."""
+    print("\n| model | reference | reference img/s | vitlab fused img/s | fused / ref (wall) | fused / ref (CPU) "
+          "| vitlab explicit img/s | explicit / ref (wall) | explicit / ref (CPU) | control / ref (wall) "
+          "| max-min / median |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, source, stats in rows:
+        ref = stats[source]
+
+        def cells(v: str) -> str:
+            if v not in stats:
+                return "n/a | n/a | n/a"
+            cpu = f"{ref['cpu'] / stats[v]['cpu']:.3f}" if on_cpu else "n/a"
+            return f"{batch / stats[v]['wall']:.2f} | {ref['wall'] / stats[v]['wall']:.3f} | {cpu}"
+
+        fused = "vitlab fused" if "vitlab fused" in stats else "vitlab"
+        control = ref["wall"] / stats[f"{source} (control)"]["wall"]
+        spread = max(s["spread"] for s in stats.values())
+        print(f"| {name} | {source} | {batch / ref['wall']:.2f} | {cells(fused)} | {cells('vitlab explicit')} "
+              f"| {control:.3f} | {spread:.0%} |")
+
+
+def print_memory_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int, on_cpu: bool) -> None:
+    """One markdown row per model: peak memory of one training step, vitlab fused and
+    explicit against the reference."""
+    method = "torch.profiler, peak of the running sum of allocations" if on_cpu else "torch.cuda.max_memory_allocated"
+    print(f"\nPeak memory of one training step, batch {batch} ({method}):\n")
+    print("| model | reference | reference peak (MiB) | vitlab fused peak (MiB) | fused / ref "
+          "| vitlab explicit peak (MiB) | explicit / ref |"
+          + (" reference total alloc (MiB) | vitlab fused total alloc (MiB) |" if on_cpu else ""))
+    print("|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if on_cpu else ""))
+    for name, source, memory in rows:
+        ref, fused, explicit = memory[source], memory["vitlab"], memory.get("vitlab explicit")
+        line = (f"| {name} | {source} | {ref['peak'] / 2**20:.1f} | {fused['peak'] / 2**20:.1f} "
+                f"| {fused['peak'] / ref['peak']:.3f} | ")
+        if explicit is None:
+            line += "n/a | n/a |"
+        else:
+            line += f"{explicit['peak'] / 2**20:.1f} | {explicit['peak'] / ref['peak']:.3f} |"
+        if on_cpu:
+            line += f" {ref['total'] / 2**20:.0f} | {fused['total'] / 2**20:.0f} |"
+        print(line)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads is not None:
@@ -280,30 +334,15 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of {source}"
                   + (f" (CPU time x{cpu_ratio:.3f})" if on_cpu else "")
                   + f"  max-min {stats[v]['spread']:.0%} of median")
-            rows.append((name, v, ips, wall_ratio, cpu_ratio, stats[v]["spread"]))
+        rows.append((name, source, stats))
         if memory is not None:
-            ours, theirs = memory["vitlab"], memory[source]
-            memory_rows.append((name, source, ours, theirs))
-            print(f"  memory, one training step: vitlab peak {ours['peak'] / 2**20:.0f} MiB, "
-                  f"{source} peak {theirs['peak'] / 2**20:.0f} MiB, ratio {ours['peak'] / theirs['peak']:.3f}")
-    print("\n| model | variant | images/s | vs reference (wall) | vs reference (CPU time) | max-min / median |")
-    print("|---|---|---:|---:|---:|---:|")
-    for name, v, ips, wall_ratio, cpu_ratio, spread in rows:
-        cpu_cell = f"{cpu_ratio:.3f}" if on_cpu else "n/a"
-        print(f"| {name} | {v} | {ips:.2f} | {wall_ratio:.3f} | {cpu_cell} | {spread:.0%} |")
+            memory_rows.append((name, source, memory))
+            print(f"  memory, one training step: vitlab peak {memory['vitlab']['peak'] / 2**20:.0f} MiB, "
+                  f"{source} peak {memory[source]['peak'] / 2**20:.0f} MiB, "
+                  f"ratio {memory['vitlab']['peak'] / memory[source]['peak']:.3f}")
+    print_speed_table(rows, args.batch_size, on_cpu)
     if memory_rows:
-        method = ("torch.cuda.max_memory_allocated" if not on_cpu
-                  else "torch.profiler profile_memory: peak of the running sum of allocations")
-        print(f"\nPeak memory of one training step, batch {args.batch_size} ({method}):\n")
-        print("| model | reference | vitlab peak (MiB) | reference peak (MiB) | vitlab / reference |"
-              + (" vitlab total alloc (MiB) | reference total alloc (MiB) |" if on_cpu else ""))
-        print("|---|---|---:|---:|---:|" + ("---:|---:|" if on_cpu else ""))
-        for name, source, ours, theirs in memory_rows:
-            line = (f"| {name} | {source} | {ours['peak'] / 2**20:.1f} | {theirs['peak'] / 2**20:.1f} "
-                    f"| {ours['peak'] / theirs['peak']:.3f} |")
-            if on_cpu:
-                line += f" {ours['total'] / 2**20:.0f} | {theirs['total'] / 2**20:.0f} |"
-            print(line)
+        print_memory_table(memory_rows, args.batch_size, on_cpu)
     if hasattr(os, "getloadavg"):
         print("\nload average at end (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 

@@ -71,6 +71,26 @@ def test_digits_bad_test_fraction(fraction: float) -> None:
         load_digits(test_fraction=fraction)
 
 
+def test_digits_upsampled_for_larger_stems() -> None:
+    small, large = load_digits(), load_digits(image_size=32)
+    image, _ = large.train[0]
+    assert image.shape == (1, 32, 32) and large.image_size == 32 and large.in_chans == 1
+    assert torch.equal(small.train.labels, large.train.labels)  # the same split
+    train_images = large.train.images  # standardised after resizing, with training statistics
+    assert abs(train_images.mean().item()) < 1e-5 and abs(train_images.std().item() - 1) < 1e-5
+    # Bilinear with align_corners=False: shrinking back by 4 (mean over 4x4 blocks) gives a
+    # smoothed copy of the original, so the 8x8 image is recognisably the same.
+    down = torch.nn.functional.avg_pool2d(large.test.images, 4)
+    corr = torch.corrcoef(torch.stack([down.flatten(), small.test.images.flatten()]))[0, 1]
+    assert corr > 0.95
+
+
+@pytest.mark.parametrize("size", [4, 7, 16.0, True])
+def test_digits_bad_image_size(size: object) -> None:
+    with pytest.raises(ValueError, match=rf"image_size must be an int >= 8 .*got {size!r}"):
+        load_digits(image_size=size)
+
+
 def test_tensor_image_dataset_rejects_mismatched_tensors() -> None:
     with pytest.raises(ValueError, match=r"expected images \(N, C, H, W\) and labels \(N,\), got \(4, 8, 8\)"):
         TensorImageDataset(torch.zeros(4, 8, 8), torch.zeros(4))

@@ -6,10 +6,12 @@ import itertools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import vitlab
 from conftest import assert_same_logits, load_reference, random_images, timm_model
+from vitlab.models import levit
 from vitlab.models.levit import LeViTAttention, LeViTConfig, attention_bias_index
 
 # timm 1.0 counts, head_dist included (REFERENCE_NUMBERS.md, Table 1; the paper rounds them
@@ -99,6 +101,15 @@ def test_training_returns_both_heads_and_eval_averages_them() -> None:
         assert not torch.allclose(model.head(pooled), model.head_dist(pooled))
 
 
+@pytest.fixture(params=["default", "flash everywhere"])
+def flash_threshold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused path as shipped, and with SDPA's flash kernel on every map (on CPU it only
+    takes maps of CPU_FLASH_MIN_LOGITS or more, and the small test inputs have none)."""
+    if request.param == "flash everywhere":
+        monkeypatch.setattr(levit, "CPU_FLASH_MIN_LOGITS", 0)
+
+
+@pytest.mark.usefixtures("flash_threshold")
 @pytest.mark.parametrize("name", ["levit_128s", "levit_192"])  # key_dim 16 and 32
 def test_fused_and_explicit_attention_agree(name: str) -> None:
     # 128 px (8x8 -> 4x4 -> 2x2 maps) keeps it fast; the attention code is the same at 224.
@@ -110,19 +121,103 @@ def test_fused_and_explicit_attention_agree(name: str) -> None:
     torch.testing.assert_close(fused, explicit, atol=1e-4, rtol=0)
 
 
+@pytest.mark.usefixtures("flash_threshold")
+@pytest.mark.parametrize("attn_ratio", [0.5, 1, 2, 4])  # values narrower than, as wide as, wider than keys
 @pytest.mark.parametrize("stride", [1, 2])
-def test_fused_path_trains_the_bias_like_the_explicit_path(stride: int) -> None:
-    layer = LeViTAttention(16, 16, key_dim=4, num_heads=2, attn_ratio=2, resolution=6, stride=stride)
+def test_fused_and_explicit_layer_agree_for_any_value_width(attn_ratio: float, stride: int) -> None:
     x = torch.randn(2, 36, 16)
+    layer = LeViTAttention(16, 16, key_dim=4, num_heads=2, attn_ratio=attn_ratio, resolution=6, stride=stride)
     randomize(layer, x)
+    with torch.no_grad():
+        fused = layer(x)
+        layer.fused_attn = False
+        torch.testing.assert_close(fused, layer(x), atol=1e-5, rtol=1e-5)
+
+
+def sdpa_kernels(layer: nn.Module, x: torch.Tensor) -> set[str]:
+    """The SDPA kernels one inference pass of ``layer`` runs."""
+    with torch.inference_mode(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        layer(x)
+    return {e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")}
+
+
+def test_fused_inference_on_cpu_runs_the_flash_kernel_on_large_maps_only() -> None:
+    # The speed fix: q and k padded to the value width and a 4-D mask let SDPA take its flash
+    # kernel; its math fallback is slower than the explicit path (benchmarks/README.md).
+    x = torch.randn(2, 144, 16)
+    large = randomize(LeViTAttention(16, 16, key_dim=4, num_heads=2, attn_ratio=2, resolution=12), x)
+    assert 144 * 144 >= levit.CPU_FLASH_MIN_LOGITS
+    assert sdpa_kernels(large, x) == {"aten::_scaled_dot_product_flash_attention_for_cpu"}
+    x = torch.randn(2, 36, 16)
+    small = randomize(LeViTAttention(16, 16, key_dim=4, num_heads=2, attn_ratio=2, resolution=6), x)
+    assert sdpa_kernels(small, x) == set()  # 36 x 36 maps: the explicit computation
+
+
+@pytest.mark.parametrize("value_width", [4, 8, 16])  # values as wide as, 2x, 4x the keys
+def test_sdpa_with_the_bias_as_mask_trains_it_like_the_explicit_path(value_width: int) -> None:
+    # What the fused path runs on a GPU in training (on CPU a bias with a gradient takes the
+    # explicit path, SDPA would use its slower math kernel): the gradients must agree.
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 2, 36, 4, generator=generator)
+    v = torch.randn(2, 2, 36, value_width, generator=generator)
+    table = torch.randn(2, 36, generator=generator, requires_grad=True)
+    index = attention_bias_index(6)
     grads = []
-    for fused in (True, False):
-        layer.fused_attn = fused
-        layer.zero_grad()
-        layer(x).square().sum().backward()
-        grads.append(layer.attention_biases.grad.clone())
+    for attend in (
+        lambda bias: F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(0), scale=0.5),
+        lambda bias: levit.biased_attention(q, k, v, bias, scale=0.5),
+    ):
+        table.grad = None
+        attend(table[:, index]).square().sum().backward()
+        grads.append(table.grad.clone())
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the inference cache of the gathered bias
+
+
+def test_inference_reuses_the_gathered_bias() -> None:
+    x = torch.randn(2, 36, 16)
+    layer = randomize(LeViTAttention(16, 16, key_dim=4, num_heads=2, attn_ratio=2, resolution=6), x)
+    with torch.no_grad():
+        first = layer.attention_bias()
+        assert layer.attention_bias() is first  # cached: no second gather
+        torch.testing.assert_close(first, layer.attention_biases[:, layer.attention_bias_idxs], atol=0, rtol=0)
+        layer.attention_biases.add_(1.0)  # any in-place write (an optimizer step, copy_) bumps the version
+        torch.testing.assert_close(layer.attention_bias(), first + 1.0, atol=0, rtol=0)
+
+
+def test_load_state_dict_after_an_eval_forward_gives_the_new_models_logits() -> None:
+    # timm's cache is keyed on the device only: it would keep the first model's biases here.
+    images = random_images(2, 128)
+    model = randomize(vitlab.create_model("levit_128s", img_size=128), images, seed=1)
+    other = randomize(vitlab.create_model("levit_128s", img_size=128), images, seed=2)
+    with torch.no_grad():
+        before = model(images)  # fills every layer's cache
+        assert all(m._bias_cache is not None for m in model.modules() if isinstance(m, LeViTAttention))
+        expected = other(images)
+        model.load_state_dict(other.state_dict())
+        after = model(images)
+    assert not torch.allclose(before, expected, atol=1e-3)
+    torch.testing.assert_close(after, expected, atol=0, rtol=0)
+
+
+def test_training_and_autograd_do_not_use_the_bias_cache() -> None:
+    x = torch.randn(2, 36, 16)
+    layer = randomize(LeViTAttention(16, 16, key_dim=4, num_heads=2, attn_ratio=2, resolution=6), x)
+    with torch.no_grad():
+        layer(x)
+    assert layer._bias_cache is not None
+    # Eval mode with autograd on (fine-tuning with frozen BatchNorm): the gather is in the graph.
+    layer(x).square().sum().backward()
+    assert layer.attention_biases.grad.abs().max() > 0
+    layer.train()
+    assert layer._bias_cache is None  # train() drops it
+    with torch.no_grad():
+        layer(x)
+    assert layer._bias_cache is None  # and training never fills it
+    assert layer.attention_bias().grad_fn is not None
 
 
 # ---------------------------------------------------------------- the attention bias

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -90,8 +91,10 @@ class TensorImageDataset(Dataset):
         return (self.transform(image) if self.transform else image), self.labels[index]
 
 
-def load_digits(*, test_fraction: float = 0.2, seed: int = 0, augment: bool = False) -> DatasetSplits:
-    """scikit-learn's handwritten digits as 1x8x8 images, split stratified by class.
+def load_digits(
+    *, test_fraction: float = 0.2, seed: int = 0, augment: bool = False, image_size: int = 8
+) -> DatasetSplits:
+    """scikit-learn's handwritten digits as 1x8x8 images (or upsampled), split stratified by class.
 
     Pixels (0-16) are standardised with the mean and standard deviation of the training
     images only, so nothing about the test set leaks into training.
@@ -99,18 +102,27 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, augment: bool = Fa
     Args:
         test_fraction: share of the 1,797 images held out for testing, in (0, 1).
         seed: seed of the split (the same seed gives the same split everywhere).
-        augment: shift each training image by up to one pixel (:class:`RandomShift`).
+        augment: shift each training image by up to one pixel (:class:`RandomShift`), a
+            pixel of the returned (possibly upsampled) image.
+        image_size: side of the returned images. Above 8 the images are upsampled with
+            bilinear interpolation (``align_corners=False``) before standardisation, for
+            models whose stems need more than 8x8 pixels (chapter 13 uses 32). No new detail
+            appears: the information is that of the 8x8 image.
 
     Returns:
-        Splits of 1x8x8 float images and int64 labels 0-9.
+        Splits of 1 x image_size x image_size float images and int64 labels 0-9.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
+        raise ValueError(f"image_size must be an int >= 8 (the digits are 8x8; only upsampling), got {image_size!r}")
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
 
     bunch = sklearn_digits()
     images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
+    if image_size != 8:
+        images = F.interpolate(images, size=(image_size, image_size), mode="bilinear", align_corners=False)
     labels = torch.tensor(bunch.target, dtype=torch.int64)
     train_idx, test_idx = train_test_split(
         torch.arange(len(labels)).numpy(), test_size=test_fraction, random_state=seed, stratify=labels.numpy()
@@ -122,7 +134,7 @@ def load_digits(*, test_fraction: float = 0.2, seed: int = 0, augment: bool = Fa
         train=TensorImageDataset(images[train_idx], labels[train_idx], RandomShift(1) if augment else None),
         test=TensorImageDataset(images[test_idx], labels[test_idx]),
         in_chans=1,
-        image_size=8,
+        image_size=image_size,
         class_names=tuple(str(d) for d in range(10)),
     )
 

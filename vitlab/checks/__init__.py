@@ -28,6 +28,10 @@ Signatures of the functions under test (two are fixed for graders and other tool
 * ``pit_pooling(fn)``: ``fn(x (B,C,H,W), weight (2C,1,3,3), bias (2C,)) -> (B, 2C, H', W')``
 * ``levit_bias_indices(fn)``: ``fn(resolution) -> (r*r, r*r)`` integer tensor
 * ``levit_attention_logits(fn)``: ``fn(q, k, bias, scale) -> (B, h, N_q, N_k)``
+* ``encoder_block_macs(fn)``: ``fn(tokens, dim, mlp_ratio) -> int``, MACs of one ViT block
+* ``attention_macs(fn)``: ``fn(n_queries, n_keys, qk_dim, v_dim) -> int``, MACs of q k^T and attn v
+* ``warmup_cosine(fn)``: ``fn(step, *, total_steps, warmup_steps, min_ratio=0.0) -> float``
+* ``attention_rollout(fn)``: ``fn(attn_maps depth x (B,h,N,N)) -> (B, N, N)``, later blocks on the left
 
 Each check's docstring defines its function exactly.
 """
@@ -39,15 +43,20 @@ from vitlab.checks.cvt import squeezed_kv_projection
 from vitlab.checks.deepvit import re_attention
 from vitlab.checks.deit import hard_distillation_loss, soft_distillation_loss
 from vitlab.checks.encoder import encoder_block, vit_param_count
+from vitlab.checks.family import attention_macs, encoder_block_macs
 from vitlab.checks.levit import levit_attention_logits, levit_bias_indices
 from vitlab.checks.patches import patchify, unpatchify
 from vitlab.checks.pit import pit_pooling
 from vitlab.checks.t2t import soft_split, t2t_token_count
+from vitlab.checks.training import attention_rollout, warmup_cosine
 
 __all__ = [
     "CheckResult",
+    "attention_macs",
+    "attention_rollout",
     "class_attention",
     "encoder_block",
+    "encoder_block_macs",
     "hard_distillation_loss",
     "layer_scale_init",
     "levit_attention_logits",
@@ -63,4 +72,5 @@ __all__ = [
     "t2t_token_count",
     "unpatchify",
     "vit_param_count",
+    "warmup_cosine",
 ]

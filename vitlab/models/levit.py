@@ -96,6 +96,45 @@ def attention_bias_index(resolution: int, stride: int = 1) -> Tensor:
     return offsets[0] * r + offsets[1]
 
 
+# Per-head maps (N_q * N_k) at least this big take SDPA's flash kernel on CPU (fused path).
+# Measured at batch 8 (benchmarks/README.md): it wins on 196 x 196 maps and loses on 49 x 196
+# and smaller ones, where its fixed cost (and the zero-padding of q and k) outweighs the
+# logits it does not write to memory.
+CPU_FLASH_MIN_LOGITS = 128 * 128
+
+
+def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float) -> Tensor:
+    """``softmax(q k^T * scale + bias) v``, written out: the explicit path.
+
+    Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv), bias (h, N_q, N_k) -> (B, h, N_q, Dv).
+    """
+    # Scaling q (N x D numbers) rather than the logits (N x N) is cheaper, same function.
+    attn = (q * scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); the bias after scaling (ERRATA 12)
+    return attn.softmax(dim=-1) @ v
+
+
+def fused_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float) -> Tensor:
+    """:func:`biased_attention` through ``F.scaled_dot_product_attention`` where that is faster.
+
+    The bias goes in as a float ``attn_mask``, which SDPA adds to the scaled logits. On a GPU
+    that is all. On CPU, SDPA's flash kernel takes a float mask only in 4-D and only when q,
+    k and v have one width; otherwise SDPA runs its math fallback, slower than the explicit
+    path (benchmarks/README.md). LeViT's values are 2 or 4 times wider than its keys, but
+    zero columns appended to q and k leave every dot product q . k unchanged, so they are
+    padded to the value width (``scale`` is passed, so the padding does not change it). For
+    maps below ``CPU_FLASH_MIN_LOGITS``, values narrower than keys, or a bias that needs a
+    gradient (SDPA would take its math kernel), the CPU runs :func:`biased_attention`.
+
+    Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv), bias (h, N_q, N_k) -> (B, h, N_q, Dv).
+    """
+    D, Dv = q.shape[-1], v.shape[-1]
+    if q.device.type == "cpu":
+        if bias.requires_grad or D > Dv or q.shape[-2] * k.shape[-2] < CPU_FLASH_MIN_LOGITS:
+            return biased_attention(q, k, v, bias, scale=scale)
+        q, k = F.pad(q, (0, Dv - D)), F.pad(k, (0, Dv - D))  # (B, h, N, Dv): zero columns
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), scale=scale)
+
+
 def conv_norm(in_chans: int, out_chans: int) -> nn.Sequential:
     """3x3 stride-2 conv without bias, then BatchNorm. Shape: (B, C_in, H, W) -> (B, C_out, H/2, W/2)."""
     conv = nn.Conv2d(in_chans, out_chans, kernel_size=3, stride=2, padding=1, bias=False)
@@ -155,6 +194,29 @@ class LeViTAttention(nn.Module):
         self.proj = LinearNorm(h * Dv, out_dim, bn_weight_init=0.0 if stride == 1 else 1.0)
         self.attention_biases = nn.Parameter(torch.zeros(h, resolution * resolution))
         self.register_buffer("attention_bias_idxs", attention_bias_index(resolution, stride), persistent=False)
+        self._bias_cache: tuple[tuple, Tensor] | None = None  # (key, gathered bias), see attention_bias
+
+    def attention_bias(self) -> Tensor:
+        """The gathered bias ``attention_biases[:, attention_bias_idxs]``.
+
+        Inference (eval mode, no autograd) reuses the last gather, as timm does. The cache is
+        keyed on the table's version counter (bumped by every in-place write:
+        ``load_state_dict``, an optimizer step, ``copy_``), storage, device and dtype, so new
+        weights are never served stale bias; timm's cache, keyed on the device only, is.
+
+        Shape: -> (h, N_q, N_k).
+        """
+        table = self.attention_biases
+        if self.training or torch.is_grad_enabled() or table.is_inference() or torch.compiler.is_compiling():
+            return table[:, self.attention_bias_idxs]  # autograd and compile need the gather in the graph
+        key = (table._version, table.data_ptr(), table.device, table.dtype, self.attention_bias_idxs.data_ptr())
+        if self._bias_cache is None or self._bias_cache[0] != key:
+            self._bias_cache = (key, table[:, self.attention_bias_idxs])
+        return self._bias_cache[1]
+
+    def train(self, mode: bool = True) -> LeViTAttention:
+        self._bias_cache = None  # training never reads it; free the memory
+        return super().train(mode)
 
     def forward(self, x: Tensor) -> Tensor:
         h, D = self.num_heads, self.key_dim
@@ -166,13 +228,9 @@ class LeViTAttention(nn.Module):
             grid = rearrange(x, "B (H W) C -> B H W C", H=self.resolution)
             x_q = rearrange(grid[:, :: self.stride, :: self.stride], "B H W C -> B (H W) C")  # (B, N_q, C)
             q = rearrange(self.q(x_q), "B N (h d) -> B h N d", h=h)  # (B, h, N_q, D)
-        bias = self.attention_biases[:, self.attention_bias_idxs]  # (h, N_q, N_k)
-        if self.fused_attn:
-            # A float attn_mask is added to the scaled logits: softmax(q k^T * scale + bias).
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=self.scale)
-        else:
-            attn = (q @ k.transpose(-2, -1)) * self.scale + bias  # (B, h, N_q, N_k); bias after scaling
-            out = attn.softmax(dim=-1) @ v  # (B, h, N_q, Dv)
+        bias = self.attention_bias()  # (h, N_q, N_k)
+        attend = fused_biased_attention if self.fused_attn else biased_attention
+        out = attend(q, k, v, bias, scale=self.scale)  # (B, h, N_q, Dv)
         return self.proj(self.act(rearrange(out, "B h N d -> B N (h d)")))
 
     def extra_repr(self) -> str:

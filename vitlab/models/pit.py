@@ -146,7 +146,8 @@ class PiT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, dims[0], side, side))  # spatial, (1, C, H, W)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dims[0]))
         self.pos_drop = nn.Dropout(config.drop_rate)
-        rates = torch.linspace(0, config.drop_path_rate, sum(config.depth)).split(list(config.depth))
+        # Explicitly on the CPU, so that the model can also be built on the "meta" device.
+        rates = torch.linspace(0, config.drop_path_rate, sum(config.depth), device="cpu").split(list(config.depth))
         self.transformers = nn.ModuleList([
             Stage(
                 dims[i],

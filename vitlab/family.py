@@ -1,0 +1,284 @@
+"""The nine families side by side: properties, MACs, tokens per stage, tiny versions.
+
+Everything here is *derived from the models*: MACs from a counted forward pass
+(``torch.utils.flop_counter``), token counts from forward hooks on the attention layers,
+both on the ``meta`` device (shapes only: no memory, no arithmetic), so the whole
+registry is profiled without allocating a single weight. :data:`FAMILY_PROPERTIES` states the architectural
+choices of each family (the comparison table of the CvT paper, extended to all nine);
+``tests/test_family.py`` checks each entry against the model code.
+
+:data:`TINY_CONFIGS` are teaching-size versions of every family for 32x32 images (the
+digits of :func:`vitlab.data.load_digits` upsampled): about 35k parameters each, paper
+strides kept, widths and depths cut.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from vitlab.layers import Attention
+from vitlab.layers.class_attention import ClassAttention
+from vitlab.models.cait import TalkingHeadAttn
+from vitlab.models.cvt import ConvAttention
+from vitlab.models.deepvit import PatchEmbedCNN, ReAttention
+from vitlab.models.levit import LeViTAttention
+from vitlab.models.t2t_vit import TokenPerformer, TokenTransformer
+from vitlab.registry import create_model, get_config, list_models, set_fused_attention
+from vitlab.utils import count_parameters
+
+
+@dataclass(frozen=True)
+class FamilyProperties:
+    """How a family turns an image into tokens and mixes them (CvT paper, Table 1, extended).
+
+    ``main_model`` is the preset this chapter measures for speed; ``branches`` is 2 when
+    the token sequences run side by side (CrossViT) rather than one after another.
+    """
+
+    name: str
+    position_embedding: str
+    token_embedding: str
+    attention_projection: str
+    hierarchical: str
+    cite: str
+    main_model: str
+    branches: int = 1
+
+
+# Chapter order. Each entry is checked against the code in tests/test_family.py.
+FAMILY_PROPERTIES: dict[str, FamilyProperties] = {
+    "vit": FamilyProperties("ViT", "learned, 1 + N", "non-overlapping (k16 s16)", "linear",
+                            "no", "dosovitskiy2021vit", "vit_small_patch16_224"),
+    "deit": FamilyProperties("DeiT", "learned, 1 + N (2 + N ⚗)", "non-overlapping (k16 s16)", "linear",
+                             "no", "touvron2021deit", "deit_small_patch16_224"),
+    "deepvit": FamilyProperties("DeepViT", "learned, 1 + N", "overlapping conv stem (k7 s2 … k8 s8)",
+                                "linear; re-attention mixes heads", "no", "zhou2021deepvit", "deepvit_s"),
+    "cait": FamilyProperties("CaiT", "learned, N (patches only)", "non-overlapping (k16 s16)",
+                             "linear; talking heads", "no (cls joins late)", "touvron2021cait", "cait_xxs24_224"),
+    "t2t_vit": FamilyProperties("T2T-ViT", "fixed sin-cos, 1 + N", "overlapping soft split (unfold k7 s4 …)",
+                                "linear", "partial (tokenization)", "yuan2021t2t", "t2t_vit_14"),
+    "crossvit": FamilyProperties("CrossViT", "learned, per branch", "non-overlapping, 2 patch sizes",
+                                 "linear; cls cross-attention", "no (2 branches)", "chen2021crossvit",
+                                 "crossvit_small_240", branches=2),
+    "pit": FamilyProperties("PiT", "learned spatial map (C, H, W)", "overlapping conv (k16 s8)", "linear",
+                            "yes (depthwise-conv pooling)", "heo2021pit", "pit_s_224"),
+    "levit": FamilyProperties("LeViT", "none (attention bias)", "overlapping conv stem (4x k3 s2)",
+                              "linear + BatchNorm", "yes (shrink attention)", "graham2021levit", "levit_128s"),
+    "cvt": FamilyProperties("CvT", "none", "overlapping conv (k7 s4, k3 s2)", "depthwise conv + BN, then linear",
+                            "yes (conv token embedding)", "wu2021cvt", "cvt_13"),
+}  # fmt: skip
+
+# The token mixers whose input length is "the tokens of a stage" (see attention_token_counts).
+TOKEN_MIXERS: tuple[type[nn.Module], ...] = (
+    Attention, ClassAttention, ReAttention, TalkingHeadAttn, TokenTransformer, TokenPerformer,
+    LeViTAttention, ConvAttention,
+)  # fmt: skip
+
+
+def family_of(model_name: str) -> str:
+    """The family (model file) of a registered model: ``"pit"`` for ``"pit_s_224"``."""
+    return type(get_config(model_name)).__module__.rsplit(".", 1)[-1]
+
+
+def input_size_of(model_name: str, batch: int = 1) -> tuple[int, int, int, int]:
+    """The input a preset was built for: ``(batch, in_chans, img_size, img_size)``."""
+    config = get_config(model_name)
+    return (batch, config.in_chans, config.img_size, config.img_size)
+
+
+def build_on_meta(model_name: str, **overrides: Any) -> nn.Module:
+    """``create_model`` on the ``meta`` device: parameters with shapes and no data (eval mode)."""
+    with torch.device("meta"):
+        return create_model(model_name, **overrides).eval()
+
+
+def _profile(model: nn.Module, input_size: tuple[int, ...]) -> tuple[Counter[str], list[int]]:
+    """One forward pass of a zero batch: FLOPs per aten operator, and the input length of
+    every token mixer in call order.
+
+    The explicit attention path is used (restored afterwards): ``FlopCounterMode`` has no
+    formula for PyTorch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``)
+    and would count its matrix products as 0. The pass runs in eval mode without
+    gradients (both restored too): the counter's module tracker trips over views of
+    parameters that require grad but have no ``grad_fn``.
+    """
+    if len(input_size) != 4:
+        raise ValueError(f"input_size must be (B, C, H, W), got {tuple(input_size)}")
+    fused = {m: m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")}
+    grads = {p: p.requires_grad for p in model.parameters()}
+    modes = {m: m.training for m in model.modules()}
+    tokens: list[int] = []
+    hooks = [
+        m.register_forward_pre_hook(lambda _, args: tokens.append(args[0].shape[1]))
+        for m in model.modules()
+        if isinstance(m, TOKEN_MIXERS)
+    ]
+    device = next(model.parameters()).device
+    counter = FlopCounterMode(display=False)
+    try:
+        set_fused_attention(model, False)
+        model.requires_grad_(False).eval()
+        x = torch.zeros(input_size, device=device)
+        with counter, torch.no_grad():
+            model(x)
+    finally:
+        for handle in hooks:
+            handle.remove()
+        for module, flag in fused.items():
+            module.fused_attn = flag
+        for param, flag in grads.items():
+            param.requires_grad_(flag)
+        for module, mode in modes.items():
+            module.training = mode
+    flops = Counter({str(op).split(".")[-1]: n for op, n in counter.get_flop_counts()["Global"].items()})
+    return flops, tokens
+
+
+def macs_by_operator(model: nn.Module, input_size: tuple[int, int, int, int]) -> dict[str, int]:
+    """MACs of one forward pass per counted aten operator (``addmm``, ``mm``, ``bmm``,
+    ``convolution``), sorted by name. See :func:`count_macs` for what is counted."""
+    flops, _ = _profile(model, input_size)
+    return {op: n // 2 for op, n in sorted(flops.items())}
+
+
+def count_macs(model: nn.Module, input_size: tuple[int, int, int, int]) -> int:
+    """Multiply-accumulates of one forward pass on a batch of shape ``input_size`` (B, C, H, W).
+
+    Counted (``torch.utils.flop_counter``, which reports 2 FLOPs per MAC): matrix
+    products (``mm``/``addmm``/``bmm``/``baddbmm``: every ``nn.Linear``, the attention's
+    ``q k^T`` and ``attn v``, ``einsum``) and convolutions (``nn.Conv2d``, also the
+    depthwise ones). Not counted: softmax, LayerNorm/BatchNorm, activations, additions,
+    resizing and pooling; biases are not counted either. This is what the papers call
+    "FLOPs". Works on the ``meta`` device (see :func:`build_on_meta`) and on real tensors.
+    """
+    flops, _ = _profile(model, input_size)
+    return sum(flops.values()) // 2
+
+
+def attention_token_counts(model: nn.Module, input_size: tuple[int, int, int, int]) -> list[int]:
+    """How many tokens each token mixer reads, in call order (a forward hook on each).
+
+    For LeViT's shrink attention and CaiT/CrossViT's single-query attention this is the
+    number of *keys*; the queries are fewer.
+    """
+    return _profile(model, input_size)[1]
+
+
+def _stages(counts: list[int]) -> tuple[int, ...]:
+    """Distinct token counts in order of first appearance: the stages (or branches)."""
+    return tuple(dict.fromkeys(counts))
+
+
+def tokens_per_stage(model_name: str) -> tuple[int, ...]:
+    """Tokens the attention layers of each stage read, in order of first use.
+
+    ViT-B/16: ``(197,)``; PiT-S: ``(730, 197, 50)``; CaiT: ``(196, 197)`` (patches alone,
+    then the class-attention stage with the cls token); CrossViT-S: ``(401, 197)``, one
+    count per *branch*: the branches run side by side (``FAMILY_PROPERTIES[...].branches``).
+    T2T-ViT: ``(3136, 784, 197)``, the first two in its tokenization module.
+    """
+    return _stages(attention_token_counts(build_on_meta(model_name), input_size_of(model_name)))
+
+
+def format_tokens(family: str, tokens: tuple[int, ...]) -> str:
+    """``"730 → 197 → 50"`` for stages one after another, ``"401 ∥ 197"`` for branches."""
+    separator = " ∥ " if FAMILY_PROPERTIES[family].branches > 1 else " → "
+    return separator.join(str(n) for n in tokens)
+
+
+def model_table(names: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per model (all registered models by default), each from one meta forward pass.
+
+    Keys: ``model``, ``family``, ``img_size``, ``params`` (all parameters, frozen ones
+    included), ``macs`` (:func:`count_macs`, batch 1), ``tokens`` (:func:`tokens_per_stage`).
+    Rows are sorted by family (chapter order), then by MACs.
+    """
+    rows = []
+    for name in list_models() if names is None else names:
+        model, size = build_on_meta(name), input_size_of(name)
+        flops, counts = _profile(model, size)
+        rows.append({
+            "model": name, "family": family_of(name), "img_size": size[-1], "params": count_parameters(model),
+            "macs": sum(flops.values()) // 2, "tokens": _stages(counts),
+        })  # fmt: skip
+    order = list(FAMILY_PROPERTIES)
+    return sorted(rows, key=lambda r: (order.index(r["family"]), r["macs"], r["model"]))
+
+
+@torch.inference_mode()
+def images_per_second(
+    model: nn.Module, input_size: tuple[int, int, int, int], *, warmup: int = 1, runs: int = 3
+) -> float:
+    """Images per second of forward passes on a random batch of ``input_size``: the batch size
+    over the median of ``runs`` timed passes, after ``warmup`` untimed ones. The model is put
+    in eval mode; it runs on its device, in fp32, with its current attention path."""
+    if runs < 1 or warmup < 0:
+        raise ValueError(f"expected runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
+    model.eval()
+    device = next(model.parameters()).device
+    x = torch.randn(input_size, generator=torch.Generator().manual_seed(0)).to(device)
+    seconds = []
+    for i in range(warmup + runs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        model(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            seconds.append(time.perf_counter() - start)
+    return input_size[0] / sorted(seconds)[len(seconds) // 2]
+
+
+# ---------------------------------------------------------------- tiny versions for digits
+
+TINY_IMAGE_SIZE = 32  # digits upsampled from 8x8 (vitlab.data.load_digits(image_size=32))
+DEEPVIT_TINY_STEM_DIM = 6  # the official stem has 64 channels; see tiny_model
+
+# family -> (preset, overrides). Every stem keeps its paper stride, so a 32 px image ends as
+# a 2x2 token grid in every family (14x14 at 224 px), except where noted. Widths and depths
+# are cut to about 35k parameters; mlp ratios, head dims of 8-16 and layer types are kept.
+# NOTE(paper): CrossViT's small branch uses patch 8 (32 px is not a multiple of 12) and one
+# multi-scale encoder instead of three. PiT's stem (k16 s8) gives a 3x3 grid, pooled to 2x2
+# and 1x1. LeViT's stages run at 2x2, 1x1, 1x1 (its stride-16 stem is fixed). CvT keeps
+# its paper embeddings (k7 s4, k3 s2, k3 s2): 8x8 -> 4x4 -> 2x2.
+TINY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vit": ("vit_tiny_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
+    "deit": ("deit_tiny_distilled_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
+    "deepvit": ("deepvit_s", dict(embed_dim=32, depth=2, num_heads=2, num_reattention_blocks=1)),
+    "cait": ("cait_xxs24_224", dict(patch_size=16, embed_dim=24, depth=2, num_heads=2, init_values=None)),
+    "t2t_vit": ("t2t_vit_14", dict(token_dim=14, embed_dim=32, depth=2, num_heads=2)),
+    "crossvit": ("crossvit_tiny_240", dict(branch_img_size=(32, 32), patch_size=(8, 16), embed_dim=(16, 26),
+                                          num_encoders=1, depth=(1, 2), num_heads=(2, 2))),
+    "pit": ("pit_ti_224", dict(base_dims=(8, 8, 8), depth=(1, 2, 2), heads=(1, 2, 4))),
+    "levit": ("levit_128s", dict(embed_dim=(16, 24, 32), key_dim=8, num_heads=(2, 2, 3), depth=(1, 1, 1))),
+    "cvt": ("cvt_13", dict(embed_dims=(16, 24, 30), depths=(1, 1, 1), num_heads=(1, 2, 2))),
+}  # fmt: skip
+
+
+def tiny_model(family: str, *, in_chans: int = 1, num_classes: int = 10) -> nn.Module:
+    """A teaching-size model of ``family`` for ``TINY_IMAGE_SIZE`` px images (randomly initialised).
+
+    Shape: images (B, in_chans, 32, 32) -> logits (B, num_classes); a distilled DeiT or a
+    LeViT returns a pair of logits in training mode.
+    """
+    if family not in TINY_CONFIGS:
+        raise ValueError(f"unknown family {family!r}; expected one of {list(TINY_CONFIGS)}")
+    preset, overrides = TINY_CONFIGS[family]
+    model = create_model(
+        preset, img_size=TINY_IMAGE_SIZE, in_chans=in_chans, num_classes=num_classes, **overrides
+    )
+    if family == "deepvit":
+        # NOTE(paper): the official stem's 64 channels would hold 4x the parameters of the
+        # whole tiny model (its k8 s8 conv alone has 64 * 64 * D); same stem, 6 channels.
+        config = model.config
+        model.patch_embed = PatchEmbedCNN(config.img_size, in_chans, config.embed_dim, stem_dim=DEEPVIT_TINY_STEM_DIM)
+    return model
+
