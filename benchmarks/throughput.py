@@ -14,8 +14,11 @@ runs first after another one heated the caches):
   both paths switch, see :func:`vitlab.set_fused_attention`; a model without any such layer
   gets one row, ``vitlab``);
 * ``timm`` / ``hf``: the reference, in its default configuration;
-* ``timm (control)`` / ``hf (control)``: the same reference timed again as if it were a fourth
-  variant. Its ratio to the reference should be 1; how far it is from 1 is the noise floor.
+* ``timm (control)`` / ``hf (control)``: a second instance of the reference, built the same
+  way and given the same weights, timed as a fourth variant. Its ratio to the reference
+  should be 1; how far it is from 1 is the noise floor. (A second instance rather than the
+  same object timed twice: which model was built first can shift its speed by a few per
+  cent, and vitlab's model is built after the reference too.)
 
 ``--memory`` additionally measures one training step (train mode, forward, cross-entropy,
 backward) of vitlab fused, vitlab explicit and the reference, batch ``--batch-size``, and
@@ -27,6 +30,10 @@ sum (CPU device), the total is the sum of all allocations.
 
 Reported: the median wall-clock time of ``--runs`` passes per variant (``--stat min``: the
 fastest pass), as images/s, and the ratio to the reference (> 1 means vitlab is faster).
+Also the *paired* ratio: in every round, the reference's time divided by the variant's,
+whose median over the rounds comes with a 95% bootstrap interval. The two passes of a
+round ran a second or less apart, so a slow phase of the machine mostly cancels in it; an
+interval that contains 1 means no difference was measured.
 Other processes only ever add time to a pass, so on a busy machine the fastest pass is the
 steadier estimate of what the code itself costs. They also steal wall-clock time unevenly,
 so the ratio of the median (fastest) *process CPU time* is printed too
@@ -48,6 +55,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -173,9 +181,23 @@ def time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, fl
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def paired_ratio(reference: list[float], variant: list[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """Median over rounds of ``reference[r] / variant[r]`` (> 1: the variant is faster), with a
+    95% bootstrap interval (rounds resampled with replacement, fixed seed).
+
+    Both passes of a round ran within a second of each other, so a slow phase of the machine
+    slows both and cancels in their ratio; the ratio of two medians has no such pairing.
+    """
+    ratios = [r / v for r, v in zip(reference, variant, strict=True)]
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return statistics.median(ratios), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tuple[str, dict[str, dict[str, float]]]:
     """The reference's source and, per variant: median (or fastest, ``--stat min``) wall and
-    CPU seconds per forward pass, and the wall spread."""
+    CPU seconds per forward pass, the wall spread, and the paired ratio to the reference
+    (:func:`paired_ratio`: ``paired``, ``paired_low``, ``paired_high``)."""
     model, reference, source, size, diff = build_pair(name, device)
     if diff > 1e-4:
         raise RuntimeError(f"{name}: vitlab and {source} logits differ by {diff:.2e} (expected <= 1e-4)")
@@ -195,7 +217,9 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
         else {"vitlab": lambda: model(images)}
     )
     variants[source] = lambda: reference(images)
-    variants[f"{source} (control)"] = lambda: reference(images)
+    control = build_reference(name, source).to(device)  # same seed, same weights
+    control.load_state_dict(reference.state_dict())
+    variants[f"{source} (control)"] = lambda: control(images)
     names = list(variants)
     times: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
     with torch.inference_mode():
@@ -210,11 +234,14 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
     print(f"\n{name}: {size} px, batch {args.batch_size}, {args.runs} runs, "
           f"max |logit diff| vs {source} {diff:.1e}, {switchable} attention layers with a fused path")
     result = {}
+    reference_walls = [w for w, _ in times[source]]
     for v, ts in times.items():
         walls = [w for w, _ in ts]
         stat = min if args.stat == "min" else statistics.median
         cpu = stat(c for _, c in ts)
-        result[v] = {"wall": stat(walls), "cpu": cpu, "spread": (max(walls) - min(walls)) / statistics.median(walls)}
+        paired, low, high = paired_ratio(reference_walls, walls)
+        result[v] = {"wall": stat(walls), "cpu": cpu, "spread": (max(walls) - min(walls)) / statistics.median(walls),
+                     "paired": paired, "paired_low": low, "paired_high": high}
     if args.memory:
         memory = {"vitlab": step_memory(model, images, device), source: step_memory(reference, images, device)}
         if switchable:  # the explicit (teaching) path's cost in memory too
@@ -273,11 +300,12 @@ def step_memory(model: nn.Module, images: torch.Tensor, device: torch.device) ->
 def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int, on_cpu: bool) -> None:
     """One markdown row per model: images/s of the reference, vitlab fused and vitlab explicit,
     each vitlab path's ratio to the reference (wall and CPU time, > 1 = vitlab faster), the
-    control's ratio (the noise floor) and the largest spread of any variant's passes."""
+    paired ratio of vitlab fused and of the control with their 95% intervals, the control's
+    ratio (the noise floor) and the largest spread of any variant's passes."""
     print("\n| model | reference | reference img/s | vitlab fused img/s | fused / ref (wall) | fused / ref (CPU) "
           "| vitlab explicit img/s | explicit / ref (wall) | explicit / ref (CPU) | control / ref (wall) "
-          "| max-min / median |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| fused / ref, paired [95%] | control / ref, paired [95%] | max-min / median |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, source, stats in rows:
         ref = stats[source]
 
@@ -290,8 +318,11 @@ def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], 
         fused = "vitlab fused" if "vitlab fused" in stats else "vitlab"
         control = ref["wall"] / stats[f"{source} (control)"]["wall"]
         spread = max(s["spread"] for s in stats.values())
+        def paired(v: str) -> str:
+            return f"{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]"
+
         print(f"| {name} | {source} | {batch / ref['wall']:.2f} | {cells(fused)} | {cells('vitlab explicit')} "
-              f"| {control:.3f} | {spread:.0%} |")
+              f"| {control:.3f} | {paired(fused)} | {paired(f'{source} (control)')} | {spread:.0%} |")
 
 
 def print_memory_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int, on_cpu: bool) -> None:
@@ -333,7 +364,8 @@ def main(argv: list[str] | None = None) -> None:
             cpu_ratio = stats[source]["cpu"] / stats[v]["cpu"] if on_cpu else float("nan")
             print(f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of {source}"
                   + (f" (CPU time x{cpu_ratio:.3f})" if on_cpu else "")
-                  + f"  max-min {stats[v]['spread']:.0%} of median")
+                  + f"  max-min {stats[v]['spread']:.0%} of median"
+                  + f"  paired x{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]")
         rows.append((name, source, stats))
         if memory is not None:
             memory_rows.append((name, source, memory))

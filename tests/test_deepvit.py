@@ -194,6 +194,15 @@ def test_more_reattention_blocks_than_depth() -> None:
         vitlab.get_config("deepvit_s", num_reattention_blocks=17)
 
 
+def test_stem_width_is_a_config_field() -> None:
+    model = vitlab.create_model("deepvit_s", **SMALL, stem_dim=6)
+    assert model.config.stem_dim == 6
+    assert [model.patch_embed.conv1.out_channels, model.patch_embed.proj.in_channels] == [6, 6]
+    assert model.patch_embed(random_images(1)).shape == (1, 196, 48)
+    with pytest.raises(ValueError, match=r"in_chans, stem_dim and depth must be positive, got 3, 0 and 16"):
+        DeepViTConfig(stem_dim=0)
+
+
 def test_non_positive_scale_adjustment() -> None:
     with pytest.raises(ValueError, match=r"scale_adjustment must be positive, got 0.0"):
         DeepViTConfig(scale_adjustment=0.0)

@@ -362,6 +362,7 @@ def test_tiny_models_keep_the_paper_strides(tiny_models) -> None:
         "t2t_vit": (64, 16, 5), "crossvit": (17, 5), "pit": (10, 5, 2), "levit": (4, 1), "cvt": (64, 16, 5),
     }  # fmt: skip
     assert tiny_models["deepvit"].patch_embed.conv1.out_channels == 6  # the one stem made narrower
+    assert tiny_models["deepvit"].config.stem_dim == 6  # ... through its config, so it can be rebuilt
 
 
 def test_tiny_model_rejects_an_unknown_family() -> None:

@@ -100,6 +100,21 @@ def test_notebook_outputs_are_clean(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_markdown_has_no_control_characters(path: Path) -> None:
+    # A cell written from a Python string without r"" turns "\times" into a tab + "imes",
+    # "\frac" into a form feed + "rac", "\beta" into a backspace + "eta": broken math.
+    for number, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        text = source(cell)
+        match = re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text)
+        assert match is None, (
+            f"cell {number} has control character {match and match.group()!r} "
+            f"near {text[max(0, match.start() - 30):match.end() + 10]!r} (an escaped backslash lost?)"
+        )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_starts_with_colab_setup_then_title(path: Path) -> None:
     notebook = load(path)
     assert notebook["metadata"]["kernelspec"]["name"] == "python3"

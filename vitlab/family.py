@@ -27,7 +27,7 @@ from vitlab.layers import Attention
 from vitlab.layers.class_attention import ClassAttention
 from vitlab.models.cait import TalkingHeadAttn
 from vitlab.models.cvt import ConvAttention
-from vitlab.models.deepvit import PatchEmbedCNN, ReAttention
+from vitlab.models.deepvit import ReAttention
 from vitlab.models.levit import LeViTAttention
 from vitlab.models.t2t_vit import TokenPerformer, TokenTransformer
 from vitlab.registry import create_model, get_config, list_models, set_fused_attention
@@ -240,19 +240,19 @@ def images_per_second(
 # ---------------------------------------------------------------- tiny versions for digits
 
 TINY_IMAGE_SIZE = 32  # digits upsampled from 8x8 (vitlab.data.load_digits(image_size=32))
-DEEPVIT_TINY_STEM_DIM = 6  # the official stem has 64 channels; see tiny_model
-
 # family -> (preset, overrides). Every stem keeps its paper stride, so a 32 px image ends as
 # a 2x2 token grid in every family (14x14 at 224 px), except where noted. Widths and depths
 # are cut to about 35k parameters; mlp ratios, head dims of 8-16 and layer types are kept.
 # NOTE(paper): CrossViT's small branch uses patch 8 (32 px is not a multiple of 12) and one
 # multi-scale encoder instead of three. PiT's stem (k16 s8) gives a 3x3 grid, pooled to 2x2
-# and 1x1. LeViT's stages run at 2x2, 1x1, 1x1 (its stride-16 stem is fixed). CvT keeps
-# its paper embeddings (k7 s4, k3 s2, k3 s2): 8x8 -> 4x4 -> 2x2.
+# and 1x1. LeViT's stages run at 2x2, 1x1, 1x1 (its stride-16 stem is fixed). DeepViT's stem
+# has 6 channels, not 64: 64 would hold 4x the parameters of the whole tiny model (its k8 s8
+# conv alone has 64 * 64 * D). CvT keeps its paper embeddings (k7 s4, k3 s2, k3 s2):
+# 8x8 -> 4x4 -> 2x2.
 TINY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "vit": ("vit_tiny_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
     "deit": ("deit_tiny_distilled_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
-    "deepvit": ("deepvit_s", dict(embed_dim=32, depth=2, num_heads=2, num_reattention_blocks=1)),
+    "deepvit": ("deepvit_s", dict(embed_dim=32, stem_dim=6, depth=2, num_heads=2, num_reattention_blocks=1)),
     "cait": ("cait_xxs24_224", dict(patch_size=16, embed_dim=24, depth=2, num_heads=2, init_values=None)),
     "t2t_vit": ("t2t_vit_14", dict(token_dim=14, embed_dim=32, depth=2, num_heads=2)),
     "crossvit": ("crossvit_tiny_240", dict(branch_img_size=(32, 32), patch_size=(8, 16), embed_dim=(16, 26),
@@ -275,10 +275,5 @@ def tiny_model(family: str, *, in_chans: int = 1, num_classes: int = 10) -> nn.M
     model = create_model(
         preset, img_size=TINY_IMAGE_SIZE, in_chans=in_chans, num_classes=num_classes, **overrides
     )
-    if family == "deepvit":
-        # NOTE(paper): the official stem's 64 channels would hold 4x the parameters of the
-        # whole tiny model (its k8 s8 conv alone has 64 * 64 * D); same stem, 6 channels.
-        config = model.config
-        model.patch_embed = PatchEmbedCNN(config.img_size, in_chans, config.embed_dim, stem_dim=DEEPVIT_TINY_STEM_DIM)
     return model
 

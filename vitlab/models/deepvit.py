@@ -38,6 +38,7 @@ class DeepViTConfig:
     in_chans: int = 3
     num_classes: int = 1000
     embed_dim: int = 396
+    stem_dim: int = 64  # channels of the conv stem's first two convolutions
     depth: int = 16
     num_heads: int = 12
     mlp_ratio: float = 3.0
@@ -57,8 +58,11 @@ class DeepViTConfig:
                 f"(expected e.g. 224 for a 14x14 token grid)"
             )
         check_heads(self.embed_dim, self.num_heads)
-        if self.in_chans <= 0 or self.depth <= 0:
-            raise ValueError(f"in_chans and depth must be positive, got {self.in_chans} and {self.depth}")
+        if self.in_chans <= 0 or self.depth <= 0 or self.stem_dim <= 0:
+            raise ValueError(
+                f"in_chans, stem_dim and depth must be positive, "
+                f"got {self.in_chans}, {self.stem_dim} and {self.depth}"
+            )
         if not 0 <= self.num_reattention_blocks <= self.depth:
             raise ValueError(
                 f"num_reattention_blocks must be between 0 and depth {self.depth}, got {self.num_reattention_blocks}"
@@ -99,8 +103,8 @@ class PatchEmbedCNN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # The learned position embedding fixes the grid, so only img_size itself is accepted.
         check_image(x, in_chans=self.in_chans, patch_size=(STEM_STRIDE, STEM_STRIDE), img_size=self.img_size)
-        x = self.relu(self.bn1(self.conv1(x)))  # (B, 64, H/2, W/2)
-        x = self.relu(self.bn2(self.conv2(x)))  # (B, 64, H/2, W/2)
+        x = self.relu(self.bn1(self.conv1(x)))  # (B, stem_dim, H/2, W/2); stem_dim 64 in the paper
+        x = self.relu(self.bn2(self.conv2(x)))  # (B, stem_dim, H/2, W/2)
         x = self.proj(x)  # (B, D, H/16, W/16)
         return rearrange(x, "B D h w -> B (h w) D")
 
@@ -173,7 +177,7 @@ class DeepViT(nn.Module):
         super().__init__()
         self.config = config
         D, H = config.embed_dim, config.num_heads
-        self.patch_embed = PatchEmbedCNN(config.img_size, config.in_chans, D)
+        self.patch_embed = PatchEmbedCNN(config.img_size, config.in_chans, D, stem_dim=config.stem_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = learned_position_embedding(config.num_patches + 1, D)
         self.pos_drop = nn.Dropout(config.drop_rate)
