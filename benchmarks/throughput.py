@@ -20,6 +20,11 @@ runs first after another one heated the caches):
   same object timed twice: which model was built first can shift its speed by a few per
   cent, and vitlab's model is built after the reference too.)
 
+``--vit-pytorch`` additionally times vitlab against lucidrains' vit-pytorch, whose models
+have the same widths, depths and heads but are not the same models (vit_pytorch_models.py
+lists the differences): no weights are shared, and the parameters and MACs of both are
+printed, with the speed ratio per MAC.
+
 ``--memory`` additionally measures one training step (train mode, forward, cross-entropy,
 backward) of vitlab fused, vitlab explicit and the reference, batch ``--batch-size``, and
 reports the peak of the memory allocated during the step and the ratio vitlab / reference. On CUDA:
@@ -47,6 +52,7 @@ Usage::
     python benchmarks/throughput.py                          # ViT-S/16 and ViT-B/16, batch 8
     python benchmarks/throughput.py --threads 2 --runs 9
     python benchmarks/throughput.py --all --threads 2 --runs 5 --memory
+    python benchmarks/throughput.py --all --vit-pytorch --threads 2 --runs 21
     python benchmarks/throughput.py --models vit_tiny_patch16_224 --device cpu
 """
 
@@ -59,11 +65,15 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch
 
 import vitlab
+from vitlab.family import count_macs
+from vitlab.utils import count_parameters
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
 
@@ -95,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="'auto' (cuda when present), 'cpu' or 'cuda'")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one forward+backward step")
+    parser.add_argument("--vit-pytorch", action="store_true",
+                        help="also vitlab vs vit-pytorch's model of the same shape, for every preset "
+                             f"it has ({', '.join(VIT_PYTORCH_MODELS)}), or for --models where it has them")
     parser.add_argument("--stat", choices=("median", "min"), default="median",
                         help="time per variant: the median pass, or the fastest (steadier on a busy machine)")
     args = parser.parse_args(argv)
@@ -136,6 +149,13 @@ def describe_machine(device: torch.device) -> str:
 def source_of(name: str) -> str:
     """'hf' for the CvT presets (timm has no CvT), 'timm' otherwise."""
     return ALL_MODELS.get(name, "hf" if name in HF_CVT_CONFIGS else "timm")
+
+
+def has_reference(name: str) -> bool:
+    """Whether timm (or, for CvT, HuggingFace) has ``name``: DeepViT and T2T-ViT have neither."""
+    import timm
+
+    return name in ALL_MODELS or name in HF_CVT_CONFIGS or timm.is_model(name)
 
 
 def build_reference(name: str, source: str) -> nn.Module:
@@ -194,6 +214,35 @@ def paired_ratio(reference: list[float], variant: list[float], resamples: int = 
     return statistics.median(ratios), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def time_variants(
+    variants: dict[str, Callable[[], object]], reference: str, args: argparse.Namespace, device: torch.device
+) -> dict[str, dict[str, float]]:
+    """Warm up, then ``args.runs`` rounds of one pass of every variant (the starting variant
+    rotates). Per variant: median (or fastest, ``--stat min``) wall and CPU seconds per
+    pass, the wall spread, and the paired ratio to ``reference`` (``paired``,
+    ``paired_low``, ``paired_high``, see :func:`paired_ratio`)."""
+    names = list(variants)
+    times: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
+    with torch.inference_mode():
+        for _ in range(args.warmup):
+            for v in names:
+                variants[v]()
+        for r in range(args.runs):
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate the start
+            for v in order:
+                times[v].append(time_once(variants[v], device))
+    result = {}
+    reference_walls = [w for w, _ in times[reference]]
+    stat = min if args.stat == "min" else statistics.median
+    for v, ts in times.items():
+        walls = [w for w, _ in ts]
+        paired, low, high = paired_ratio(reference_walls, walls)
+        result[v] = {"wall": stat(walls), "cpu": stat(c for _, c in ts),
+                     "spread": (max(walls) - min(walls)) / statistics.median(walls),
+                     "paired": paired, "paired_low": low, "paired_high": high}
+    return result
+
+
 def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tuple[str, dict[str, dict[str, float]]]:
     """The reference's source and, per variant: median (or fastest, ``--stat min``) wall and
     CPU seconds per forward pass, the wall spread, and the paired ratio to the reference
@@ -220,28 +269,10 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
     control = build_reference(name, source).to(device)  # same seed, same weights
     control.load_state_dict(reference.state_dict())
     variants[f"{source} (control)"] = lambda: control(images)
-    names = list(variants)
-    times: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
-    with torch.inference_mode():
-        for _ in range(args.warmup):
-            for v in names:
-                variants[v]()
-        for r in range(args.runs):
-            order = names[r % len(names) :] + names[: r % len(names)]  # rotate the start
-            for v in order:
-                times[v].append(time_once(variants[v], device))
+    result = time_variants(variants, source, args, device)
     vitlab.set_fused_attention(model, True)
     print(f"\n{name}: {size} px, batch {args.batch_size}, {args.runs} runs, "
           f"max |logit diff| vs {source} {diff:.1e}, {switchable} attention layers with a fused path")
-    result = {}
-    reference_walls = [w for w, _ in times[source]]
-    for v, ts in times.items():
-        walls = [w for w, _ in ts]
-        stat = min if args.stat == "min" else statistics.median
-        cpu = stat(c for _, c in ts)
-        paired, low, high = paired_ratio(reference_walls, walls)
-        result[v] = {"wall": stat(walls), "cpu": cpu, "spread": (max(walls) - min(walls)) / statistics.median(walls),
-                     "paired": paired, "paired_low": low, "paired_high": high}
     if args.memory:
         memory = {"vitlab": step_memory(model, images, device), source: step_memory(reference, images, device)}
         if switchable:  # the explicit (teaching) path's cost in memory too
@@ -250,6 +281,61 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
             vitlab.set_fused_attention(model, True)
         result["memory"] = memory
     return source, result
+
+
+def benchmark_vit_pytorch(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """vitlab (fused and explicit) against the vit-pytorch model of the same shape
+    (vit_pytorch_models.py): not the same model, so no weights are shared; parameters and
+    MACs of both come with the speeds."""
+    torch.manual_seed(0)
+    other = build_vit_pytorch(name).to(device)
+    torch.manual_seed(0)
+    model = vitlab.create_model(name).eval().to(device)
+    size = model.config.img_size
+    images = torch.randn(args.batch_size, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
+
+    def vitlab_with(fused: bool) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            vitlab.set_fused_attention(model, fused)
+            return model(images)
+
+        return run
+
+    variants = {"vitlab explicit": vitlab_with(False), "vitlab fused": vitlab_with(True),
+                "vit-pytorch": lambda: other(images)}
+    stats = time_variants(variants, "vit-pytorch", args, device)
+    vitlab.set_fused_attention(model, True)
+    shape = (1, 3, size, size)
+    info = {
+        "params": {"vitlab": count_parameters(model), "vit-pytorch": count_parameters(other)},
+        "macs": {"vitlab": count_macs(model, shape), "vit-pytorch": count_macs(other, shape)},
+    }
+    print(f"\n{name} vs vit-pytorch: {size} px, batch {args.batch_size}, {args.runs} runs; params "
+          f"{info['params']['vitlab'] / 1e6:.2f}M vs {info['params']['vit-pytorch'] / 1e6:.2f}M, GMACs "
+          f"{info['macs']['vitlab'] / 1e9:.3f} vs {info['macs']['vit-pytorch'] / 1e9:.3f}")
+    for v, st in stats.items():
+        print(f"  {v:<15} {st['wall'] * 1e3:9.1f} ms  {args.batch_size / st['wall']:8.2f} img/s  "
+              f"paired x{st['paired']:.3f} [{st['paired_low']:.3f}, {st['paired_high']:.3f}] of vit-pytorch")
+    return {"stats": stats, **info}
+
+
+def print_vit_pytorch_table(rows: list[tuple[str, dict[str, Any]]], batch: int) -> None:
+    """One markdown row per model: vitlab fused against the vit-pytorch model of the same
+    shape; "per MAC" divides out the difference in MACs (GMACs/s of vitlab / of vit-pytorch)."""
+    print(f"\nvitlab vs vit-pytorch (same widths, depths and heads; not the same model), batch {batch}:\n")
+    print("| model | params vitlab / vit-pytorch (M) | GMACs vitlab / vit-pytorch | vit-pytorch img/s "
+          "| vitlab fused img/s | fused / vit-pytorch, paired [95%] | explicit / vit-pytorch, paired [95%] "
+          "| fused / vit-pytorch per MAC |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, r in rows:
+        st, params, macs = r["stats"], r["params"], r["macs"]
+        fused, explicit, other = st["vitlab fused"], st["vitlab explicit"], st["vit-pytorch"]
+        per_mac = (other["wall"] / fused["wall"]) * (macs["vitlab"] / macs["vit-pytorch"])
+        print(f"| {name} | {params['vitlab'] / 1e6:.2f} / {params['vit-pytorch'] / 1e6:.2f} "
+              f"| {macs['vitlab'] / 1e9:.3f} / {macs['vit-pytorch'] / 1e9:.3f} | {batch / other['wall']:.2f} "
+              f"| {batch / fused['wall']:.2f} | {fused['paired']:.3f} [{fused['paired_low']:.3f}, "
+              f"{fused['paired_high']:.3f}] | {explicit['paired']:.3f} [{explicit['paired_low']:.3f}, "
+              f"{explicit['paired_high']:.3f}] | {per_mac:.3f} |")
 
 
 def training_step(model: nn.Module, images: torch.Tensor) -> None:
@@ -354,8 +440,11 @@ def main(argv: list[str] | None = None) -> None:
     device = vitlab.pick_device() if args.device == "auto" else torch.device(args.device)
     print(describe_machine(device))
     on_cpu = device.type == "cpu"
-    rows, memory_rows = [], []
+    rows, memory_rows, vit_pytorch_rows = [], [], []
     for name in args.models:
+        if not has_reference(name):
+            print(f"\n{name}: neither timm nor HuggingFace has it; see --vit-pytorch")
+            continue
         source, stats = benchmark(name, args, device)
         memory = stats.pop("memory", None)
         for v in stats:
@@ -372,9 +461,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  memory, one training step: vitlab peak {memory['vitlab']['peak'] / 2**20:.0f} MiB, "
                   f"{source} peak {memory[source]['peak'] / 2**20:.0f} MiB, "
                   f"ratio {memory['vitlab']['peak'] / memory[source]['peak']:.3f}")
-    print_speed_table(rows, args.batch_size, on_cpu)
+    if args.vit_pytorch:
+        names = list(VIT_PYTORCH_MODELS) if args.all else [n for n in args.models if n in VIT_PYTORCH_MODELS]
+        for name in names:
+            vit_pytorch_rows.append((name, benchmark_vit_pytorch(name, args, device)))
+    if rows:
+        print_speed_table(rows, args.batch_size, on_cpu)
     if memory_rows:
         print_memory_table(memory_rows, args.batch_size, on_cpu)
+    if vit_pytorch_rows:
+        print_vit_pytorch_table(vit_pytorch_rows, args.batch_size)
     if hasattr(os, "getloadavg"):
         print("\nload average at end (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
