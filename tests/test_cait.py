@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from einops import rearrange
 
 import vitlab
 from conftest import assert_same_logits, load_reference, random_images, timm_model
 from vitlab.layers import explicit_attention
-from vitlab.models.cait import CaiTConfig, ClassAttn, TalkingHeadAttn, layer_scale_init_for_depth
+from vitlab.models.cait import CaiTConfig, ClassAttn, HeadMixing, TalkingHeadAttn, layer_scale_init_for_depth
 
 # timm 1.0 counts (REFERENCE_NUMBERS.md, Table 1). timm has no CaiT-XS-24 at 224 px
 # (only cait_xs24_384); its 224 count is the same model with a 14 x 14 position table.
@@ -208,3 +209,25 @@ def test_no_class_attention_block() -> None:
 
 def test_list_models_has_the_cait_presets() -> None:
     assert set(CAIT_PARAMS) <= set(vitlab.list_models("cait"))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("heads_out", [4, 6])
+def test_head_mixing_is_a_linear_layer_on_the_head_axis(bias: bool, heads_out: int) -> None:
+    # The batched form must equal timm's "heads last, nn.Linear, heads back", values and gradients.
+    torch.manual_seed(0)
+    mixing = HeadMixing(4, heads_out, bias=bias)
+    plain = nn.Linear(4, heads_out, bias=bias)
+    plain.load_state_dict(mixing.state_dict())
+    maps = torch.randn(2, 4, 7, 5, requires_grad=True)
+    fast = mixing(maps)
+    slow = rearrange(plain(rearrange(maps, "B h i j -> B i j h")), "B i j h -> B h i j")
+    assert fast.shape == (2, heads_out, 7, 5)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
+    weights = torch.randn_like(fast)
+    grads = [
+        torch.autograd.grad((out * weights).sum(), [maps, layer.weight])
+        for out, layer in ((fast, mixing), (slow, plain))
+    ]
+    for ours, reference in zip(*grads):
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
