@@ -214,6 +214,20 @@ def paired_ratio(reference: list[float], variant: list[float], resamples: int = 
     return statistics.median(ratios), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def vitlab_variants(model: nn.Module, images: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """One forward pass of ``model`` on ``images`` through its explicit and through its fused
+    attention (``vitlab.set_fused_attention`` before each pass)."""
+
+    def forward_with(fused: bool) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            vitlab.set_fused_attention(model, fused)  # a Python attribute flip: costs nothing
+            return model(images)
+
+        return run
+
+    return {"vitlab explicit": forward_with(False), "vitlab fused": forward_with(True)}
+
+
 def time_variants(
     variants: dict[str, Callable[[], object]], reference: str, args: argparse.Namespace, device: torch.device
 ) -> dict[str, dict[str, float]]:
@@ -253,17 +267,8 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
     images = torch.randn(args.batch_size, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
     switchable = sum(hasattr(m, "fused_attn") for m in model.modules())
 
-    def vitlab_with(fused: bool) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
-            vitlab.set_fused_attention(model, fused)  # a Python attribute flip: costs nothing
-            return model(images)
-
-        return run
-
     variants: dict[str, Callable[[], object]] = (
-        {"vitlab explicit": vitlab_with(False), "vitlab fused": vitlab_with(True)}
-        if switchable
-        else {"vitlab": lambda: model(images)}
+        dict(vitlab_variants(model, images)) if switchable else {"vitlab": lambda: model(images)}
     )
     variants[source] = lambda: reference(images)
     control = build_reference(name, source).to(device)  # same seed, same weights
@@ -294,15 +299,7 @@ def benchmark_vit_pytorch(name: str, args: argparse.Namespace, device: torch.dev
     size = model.config.img_size
     images = torch.randn(args.batch_size, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
 
-    def vitlab_with(fused: bool) -> Callable[[], torch.Tensor]:
-        def run() -> torch.Tensor:
-            vitlab.set_fused_attention(model, fused)
-            return model(images)
-
-        return run
-
-    variants = {"vitlab explicit": vitlab_with(False), "vitlab fused": vitlab_with(True),
-                "vit-pytorch": lambda: other(images)}
+    variants: dict[str, Callable[[], object]] = {**vitlab_variants(model, images), "vit-pytorch": lambda: other(images)}
     stats = time_variants(variants, "vit-pytorch", args, device)
     vitlab.set_fused_attention(model, True)
     shape = (1, 3, size, size)

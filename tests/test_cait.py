@@ -231,3 +231,10 @@ def test_head_mixing_is_a_linear_layer_on_the_head_axis(bias: bool, heads_out: i
     ]
     for ours, reference in zip(*grads):
         torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_head_mixing_rejects_maps_with_another_head_count() -> None:
+    with pytest.raises(ValueError, match=r"expected attention maps \(B, 4, N_q, N_k\), got shape \(2, 3, 5, 5\)"):
+        HeadMixing(4, 4)(torch.randn(2, 3, 5, 5))
+    with pytest.raises(ValueError, match=r"got shape \(3, 5, 5\)"):
+        HeadMixing(4, 4)(torch.randn(3, 5, 5))

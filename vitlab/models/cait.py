@@ -75,6 +75,10 @@ class HeadMixing(nn.Linear):
     """
 
     def forward(self, maps: Tensor) -> Tensor:
+        if maps.ndim != 4 or maps.shape[1] != self.in_features:
+            raise ValueError(
+                f"expected attention maps (B, {self.in_features}, N_q, N_k), got shape {tuple(maps.shape)}"
+            )
         B, H, Nq, Nk = maps.shape
         weight = self.weight.expand(B, -1, -1)  # (B, H', H), a view: no copy per batch element
         flat = maps.reshape(B, H, Nq * Nk)
