@@ -73,6 +73,7 @@ from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch
 
 import vitlab
 from vitlab.family import count_macs
+from vitlab.models.cvt import hf_config_fields
 from vitlab.utils import count_parameters
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
@@ -88,11 +89,8 @@ ALL_MODELS = {
     "cvt_13": "hf",
 }
 
-# HF CvtConfig fields for the CvT presets (the rest are HF's CvT-13 defaults), as in tests/test_cvt.py.
-HF_CVT_CONFIGS = {
-    "cvt_13": dict(embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 2, 10]),
-    "cvt_21": dict(embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 4, 16]),
-}
+# The CvT presets, which timm does not have: HuggingFace is their reference.
+HF_MODELS = ("cvt_13", "cvt_21", "cvt_w24_384")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,14 +146,14 @@ def describe_machine(device: torch.device) -> str:
 
 def source_of(name: str) -> str:
     """'hf' for the CvT presets (timm has no CvT), 'timm' otherwise."""
-    return ALL_MODELS.get(name, "hf" if name in HF_CVT_CONFIGS else "timm")
+    return ALL_MODELS.get(name, "hf" if name in HF_MODELS else "timm")
 
 
 def has_reference(name: str) -> bool:
     """Whether timm (or, for CvT, HuggingFace) has ``name``: DeepViT and T2T-ViT have neither."""
     import timm
 
-    return name in ALL_MODELS or name in HF_CVT_CONFIGS or timm.is_model(name)
+    return name in ALL_MODELS or name in HF_MODELS or timm.is_model(name)
 
 
 def build_reference(name: str, source: str) -> nn.Module:
@@ -164,7 +162,7 @@ def build_reference(name: str, source: str) -> nn.Module:
     if source == "hf":
         import transformers
 
-        config = transformers.CvtConfig(num_labels=1000, cls_token=[False, False, True], **HF_CVT_CONFIGS[name])
+        config = transformers.CvtConfig(**hf_config_fields(vitlab.get_config(name)))
         return transformers.CvtForImageClassification(config).eval()
     import timm
 

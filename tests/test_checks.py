@@ -324,6 +324,28 @@ def run(capsys: pytest.CaptureFixture[str], name: str, fn: Any) -> tuple[CheckRe
 # ---------------------------------------------------------------- every check
 
 
+def assert_passes(capsys: pytest.CaptureFixture[str], name: str, fn: Any) -> None:
+    """A right answer: a passed result, no case or erratum, and a PASS line without floats
+    (the same on every device)."""
+    result, line = run(capsys, name, fn)
+    assert result and result.passed and result.status == "passed"
+    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)
+    assert result.case is None and result.erratum is None
+
+
+def assert_named_mistake(
+    capsys: pytest.CaptureFixture[str], name: str, fn: Any, words: str, erratum: int | None = None
+) -> None:
+    """A known wrong answer: a failed result whose line names the case, then the erratum
+    (``ERRATA n: ``) or ``a known mistake: ``, and contains ``words``."""
+    result, line = run(capsys, name, fn)
+    assert not result and result.status == "failed"
+    assert line.startswith(f"FAIL {name} [case ")
+    tag = f"ERRATA {erratum}: " if erratum is not None else "a known mistake: "
+    assert tag in line and words in line, line
+    assert result.erratum == erratum and result.case is not None and f"{result.case}]: {tag}" in line
+
+
 def test_every_check_is_exported_documented_and_tested() -> None:
     exported = {n for n in checks.__all__ if n != "CheckResult"}
     tested_elsewhere = {"encoder_block", "vit_param_count"}  # tests/test_checks_encoder.py
@@ -338,22 +360,14 @@ def test_every_check_is_exported_documented_and_tested() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_correct_solution_passes(capsys: pytest.CaptureFixture[str], name: str) -> None:
-    result, line = run(capsys, name, SOLUTIONS[name])
-    assert result and result.passed and result.status == "passed"
-    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)  # no floats: same on every device
-    assert result.case is None and result.erratum is None
+    assert_passes(capsys, name, SOLUTIONS[name])
 
 
 @pytest.mark.parametrize(("name", "fn", "words", "erratum"), WRONG)
 def test_known_wrong_answer_fails_with_its_message(
     capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str, erratum: int | None
 ) -> None:
-    result, line = run(capsys, name, fn)
-    assert not result and result.status == "failed"
-    assert line.startswith(f"FAIL {name} [case ")
-    tag = f"ERRATA {erratum}: " if erratum is not None else "a known mistake: "
-    assert tag in line and words in line, line
-    assert result.erratum == erratum and result.case is not None and result.case in line
+    assert_named_mistake(capsys, name, fn, words, erratum)
 
 
 @pytest.mark.parametrize("name", NAMES)

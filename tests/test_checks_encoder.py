@@ -20,7 +20,7 @@ import vitlab.checks as checks
 from vitlab.checks import encoder as encoder_checks
 from vitlab.layers import Block
 from vitlab.models.vit import ViT, ViTConfig
-from test_checks import run  # runs a check; asserts one printed line and a CheckResult
+from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAMES = ["encoder_block", "vit_param_count"]
 
@@ -139,20 +139,14 @@ def test_exported_and_documented() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_correct_solution_passes(capsys: pytest.CaptureFixture[str], name: str) -> None:
-    result, line = run(capsys, name, SOLUTIONS[name])
-    assert result and result.status == "passed" and result.case is None and result.erratum is None
-    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)
+    assert_passes(capsys, name, SOLUTIONS[name])
 
 
 @pytest.mark.parametrize(("name", "fn", "words", "erratum"), WRONG)
 def test_known_wrong_answer_fails_with_its_message(
     capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str, erratum: int | None
 ) -> None:
-    result, line = run(capsys, name, fn)
-    assert not result and result.status == "failed" and line.startswith(f"FAIL {name} [case ")
-    tag = f"ERRATA {erratum}: " if erratum is not None else "a known mistake: "
-    assert tag in line and words in line, line
-    assert result.erratum == erratum and result.case is not None and result.case in line
+    assert_named_mistake(capsys, name, fn, words, erratum)
 
 
 def test_calling_the_block_itself_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

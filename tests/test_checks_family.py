@@ -17,7 +17,7 @@ import vitlab.checks as checks
 from vitlab.checks import family as family_checks
 from vitlab.family import count_macs
 from vitlab.layers import Block, explicit_attention
-from test_checks import run  # runs a check; asserts one printed line and a CheckResult
+from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAMES = ["encoder_block_macs", "attention_macs"]
 
@@ -95,18 +95,14 @@ RIGHT = [
 
 @pytest.mark.parametrize(("name", "fn"), RIGHT, ids=["block", "attention", "block_float"])
 def test_right_answers_pass(capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any]) -> None:
-    result, line = run(capsys, name, fn)
-    assert result.passed and result.case is None and result.erratum is None
-    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)
+    assert_passes(capsys, name, fn)
 
 
 @pytest.mark.parametrize(("name", "fn", "words"), WRONG)
 def test_known_wrong_answer_is_named(
     capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str
 ) -> None:
-    result, line = run(capsys, name, fn)
-    assert result.status == "failed" and result.case is not None
-    assert line.startswith(f"FAIL {name} [case ") and f"{result.case}]: a known mistake: " in line and words in line
+    assert_named_mistake(capsys, name, fn, words)
 
 
 def not_implemented(*args: Any) -> Any:

@@ -9,18 +9,11 @@ from torch import nn
 
 import vitlab
 from conftest import assert_same_logits, load_reference, random_images
-from vitlab.models.cvt import ConvAttention, ConvProjection, CvTConfig, convert_hf
+from vitlab.models.cvt import ConvAttention, ConvProjection, CvTConfig, convert_hf, hf_config_fields
 
 # Counts of HF CvtForImageClassification with num_labels=1000 (REFERENCE_NUMBERS.md, Table 1);
 # the official cls_cvt has the same counts.
 CVT_PARAMS = {"cvt_13": 19_997_480, "cvt_21": 31_622_696, "cvt_w24_384": 277_196_392}
-
-# The HF CvtConfig fields that differ between the presets (the rest are CvT defaults).
-HF_CONFIGS = {
-    "cvt_13": dict(embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 2, 10]),
-    "cvt_21": dict(embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 4, 16]),
-    "cvt_w24_384": dict(embed_dim=[192, 768, 1024], num_heads=[3, 12, 16], depth=[2, 2, 20]),
-}
 
 # The shallowest depths HF can build: CvtStage indexes its drop-path list by the *stage*
 # index (`drop_path_rates[self.stage]`), so stage i needs more than i layers.
@@ -47,8 +40,7 @@ def hf_cvt(name: str, **changes) -> nn.Module:
     """A randomly initialised HF CvtForImageClassification shaped like ``name``, eval mode."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    kwargs = {**HF_CONFIGS[name], **changes}
-    config = transformers.CvtConfig(**{"num_labels": 1000, "cls_token": [False, False, True], **kwargs})
+    config = transformers.CvtConfig(**{**hf_config_fields(vitlab.get_config(name)), **changes})
     model = transformers.CvtForImageClassification(config).eval()
     randomize_norms_and_biases(model)
     return model

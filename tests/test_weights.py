@@ -15,6 +15,7 @@ import torch
 
 import vitlab
 from conftest import assert_same_logits, perturb_, random_images
+from vitlab.models.cvt import hf_config_fields
 from vitlab.weights import load_checkpoint, load_pretrained, load_state_dict, save_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,9 +156,7 @@ def released_cvt_13() -> torch.nn.Module:
     """A HF CvT-13 (as in test_cvt.py) with random "released" weights."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.CvtConfig(
-        num_labels=1000, cls_token=[False, False, True], embed_dim=[64, 192, 384], num_heads=[1, 3, 6], depth=[1, 2, 10]
-    )
+    config = transformers.CvtConfig(**hf_config_fields(vitlab.get_config("cvt_13")))
     return perturb_(transformers.CvtForImageClassification(config)).eval()
 
 

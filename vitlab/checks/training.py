@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,18 +16,19 @@ from vitlab.train import warmup_cosine as _warmup_cosine
 _SCHEDULES = ((100, 10, 0.0), (240, 24, 0.01), (30, 0, 0.1), (1000, 150, 0.05))
 
 
-def _schedule(
-    step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0,
-    warmup_from_zero: bool = False, progress_from_zero: bool = False, min_unscaled: bool = False,
-    half: bool = True,
-) -> float:  # fmt: skip
-    """The schedule; the keywords turn on the known wrong answers."""
-    if step < warmup_steps:
-        return step / warmup_steps if warmup_from_zero else (step + 1) / warmup_steps
-    start = 0 if progress_from_zero else warmup_steps
-    progress = min(1.0, (step - start) / max(1, total_steps - start))
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress)) if half else math.cos(math.pi * progress)
-    return min_ratio + cosine if min_unscaled else min_ratio + (1.0 - min_ratio) * cosine
+def _after_warmup(change: Callable[..., float]) -> Callable[..., float]:
+    """A known wrong schedule: :func:`vitlab.train.warmup_cosine` during the warmup, then
+    ``change(step, **kwargs)``."""
+
+    def schedule(step: int, **kwargs: Any) -> float:
+        return _warmup_cosine(step, **kwargs) if step < kwargs["warmup_steps"] else change(step, **kwargs)
+
+    return schedule
+
+
+def _cosine_only(step: int, **kwargs: Any) -> float:
+    """The half cosine 0.5 * (1 + cos(pi * progress)) alone: the schedule with min_ratio 0."""
+    return _warmup_cosine(step, **{**kwargs, "min_ratio": 0.0})
 
 
 def warmup_cosine(fn: Callable[..., Any]) -> CheckResult:
@@ -54,19 +54,22 @@ def warmup_cosine(fn: Callable[..., Any]) -> CheckResult:
         cases += [Case(f"step={s}, total_steps={total}, warmup_steps={warmup}, min_ratio={min_ratio}", (s,), kwargs)
                   for s in steps]  # fmt: skip
 
-    def wrong(message: str, **knobs: bool) -> KnownWrong:
-        return KnownWrong(lambda step, **kwargs: _schedule(step, **kwargs, **knobs), message)
-
     wrongs = [
-        wrong("the warmup starts at 0 (step / warmup_steps), so the first step does not train; it starts at "
-              "1 / warmup_steps: (step + 1) / warmup_steps", warmup_from_zero=True),
-        wrong("the cosine's progress counts from step 0; it starts when the warmup ends: "
-              "(step - warmup_steps) / (total_steps - warmup_steps)", progress_from_zero=True),
-        wrong("min_ratio is added to the full cosine, so the peak is 1 + min_ratio; scale the cosine by "
-              "(1 - min_ratio)", min_unscaled=True),
-        wrong("cos(pi * progress) runs from 1 to -1: a negative learning rate; the half cosine is "
-              "0.5 * (1 + cos(pi * progress))", half=False),
-        KnownWrong(lambda step, **kwargs: _warmup_cosine(step, **{**kwargs, "min_ratio": 0.0}),
+        KnownWrong(lambda step, **kwargs: step / kwargs["warmup_steps"] if step < kwargs["warmup_steps"]
+                   else _warmup_cosine(step, **kwargs),
+                   "the warmup starts at 0 (step / warmup_steps), so the first step does not train; it starts at "
+                   "1 / warmup_steps: (step + 1) / warmup_steps"),
+        KnownWrong(_after_warmup(lambda step, **kwargs: _warmup_cosine(step, **{**kwargs, "warmup_steps": 0})),
+                   "the cosine's progress counts from step 0; it starts when the warmup ends: "
+                   "(step - warmup_steps) / (total_steps - warmup_steps)"),
+        KnownWrong(_after_warmup(lambda step, **kwargs: kwargs["min_ratio"] + _cosine_only(step, **kwargs)),
+                   "min_ratio is added to the full cosine, so the peak is 1 + min_ratio; scale the cosine by "
+                   "(1 - min_ratio)"),
+        KnownWrong(_after_warmup(lambda step, **kwargs: kwargs["min_ratio"] + (1 - kwargs["min_ratio"])
+                                 * (2 * _cosine_only(step, **kwargs) - 1)),  # cos(pi * progress) itself
+                   "cos(pi * progress) runs from 1 to -1: a negative learning rate; the half cosine is "
+                   "0.5 * (1 + cos(pi * progress))"),
+        KnownWrong(_cosine_only,
                    "the cosine ends at 0; it ends at min_ratio: min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(...))"),
         KnownWrong(lambda step, **kwargs: _warmup_cosine(step, **{**kwargs, "warmup_steps": 0}),
                    "there is no warmup: the multiplier is 1 at step 0; it rises over the first warmup_steps steps"),

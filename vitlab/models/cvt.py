@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from einops import rearrange
@@ -374,6 +374,23 @@ _HF_RULES: tuple[tuple[str, str], ...] = (
     (r"^layernorm\.", "norm."),
     (r"^classifier\.", "head."),
 )
+
+
+def hf_config_fields(config: CvTConfig) -> dict[str, Any]:
+    """Keyword arguments of HuggingFace's ``CvtConfig`` for the model ``config`` describes, so
+    that ``CvtForImageClassification(CvtConfig(**hf_config_fields(config)))`` takes the weights
+    of :func:`convert_hf` (the tests and benchmarks/throughput.py build their references so).
+
+    Only the fields that differ between the presets are set: patch sizes, strides and
+    paddings, the qkv kernel and stride, the MLP ratio and qkv bias are the same in HF's
+    defaults and in every preset.
+    """
+    n = len(config.depths)
+    return dict(
+        num_labels=config.num_classes, num_channels=config.in_chans, embed_dim=list(config.embed_dims),
+        num_heads=list(config.num_heads), depth=list(config.depths),
+        cls_token=[False] * (n - 1) + [config.class_token],  # vitlab: a class token in the last stage only
+    )  # fmt: skip
 
 
 def convert_hf(state_dict: Mapping[str, Tensor], config: CvTConfig) -> dict[str, Tensor]:
