@@ -89,6 +89,41 @@ SNAPSHOT = """() => {
 }"""
 
 
+# The layout a reader sees at one viewport width, read in one go (LAYOUT_CHECKS below).
+LAYOUT = """() => {
+    const wide = (e) => e.scrollWidth > e.clientWidth + 1;
+    const blocks = [...document.querySelectorAll("article pre")];
+    const equations = [...document.querySelectorAll("article mjx-container[display='true']")].filter((m) => {
+        const inner = m.querySelector("mjx-math");
+        const box = m.closest("div.math") || m.parentElement;
+        return inner && inner.getBoundingClientRect().width > box.clientWidth + 1;
+    });
+    const title = document.querySelector("article h1");
+    const cell = document.querySelector("article div.cell");
+    const titleFirst = !cell || (title !== null &&
+        (title.compareDocumentPosition(cell) & Node.DOCUMENT_POSITION_FOLLOWING) !== 0);
+    const images = [...document.querySelectorAll("article .cell_output img")].map((img) => {
+        const intended = Number(img.getAttribute("width")) || img.naturalWidth;
+        return {src: img.getAttribute("src"), alt: img.getAttribute("alt") || "",
+                scale: intended ? img.clientWidth / intended : 1};
+    });
+    return {
+        blocks: blocks.length,
+        scrolling: blocks.filter(wide).length,
+        equations: document.querySelectorAll("article mjx-container[display='true']").length,
+        overflowing: equations.map((m) => (m.getAttribute("aria-label") || m.textContent).slice(0, 60)),
+        page_scrolls: document.documentElement.scrollWidth > window.innerWidth + 1,
+        title_first: titleFirst,
+        images,
+    };
+}"""
+PHONE = {"width": 390, "height": 844}
+MAX_SCROLLING_SHARE = 0.10  # of a page's code blocks, at 1280 px
+MIN_FIGURE_SCALE = 0.70  # no figure shown below 70 % of its intended size at 1280 px
+# alt text a screen reader would read out as noise: a file name or a build path
+NOISE_ALT = ("../_images/", ".png", ".jpg", ".svg")
+
+
 def _unavailable(reason: str) -> None:
     """Skip, saying why; CI (VITLAB_REQUIRE_BROWSER=1) fails instead, so the tests cannot silently vanish."""
     if os.environ.get("VITLAB_REQUIRE_BROWSER") == "1":
@@ -153,11 +188,12 @@ def visit(
     screenshot: str | None = None,
     before: Callable | None = None,
     redirect: str | None = None,
+    viewport: dict[str, int] | None = None,
 ) -> Visit:
     """Load `url` (which sends the browser on to `redirect`, if given) in a fresh context, wait
     for its math, run `before(page)`, read the page, and optionally save a screenshot."""
     result = Visit(url)
-    context = browser.new_context(viewport=VIEWPORT)
+    context = browser.new_context(viewport=viewport or VIEWPORT)
 
     def block(route: Any) -> None:
         result.external.append(route.request.url)
@@ -355,3 +391,110 @@ def test_internal_links_resolve(html: Path, page: str) -> None:
         elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _parse(target).ids:
             problems.append(f"{ref}: no id {parts.fragment!r} in {target.relative_to(html)}")
     assert not problems, f"{page}.html has broken links:\n" + "\n".join(problems)
+
+
+# --- Layout: what the page looks like at a laptop's and a phone's width -------------------
+
+
+def _layout(page: Any) -> dict[str, Any]:
+    return page.evaluate(LAYOUT)
+
+
+@pytest.fixture(scope="module")
+def layouts(browser: Browser, site: str) -> Callable[[str, str], Visit]:
+    """Each page's LAYOUT at 1280 px ("laptop") and 390 px ("phone"), loaded once each."""
+
+    @functools.cache
+    def load(page: str, width: str) -> Visit:
+        viewport = VIEWPORT if width == "laptop" else PHONE
+        shot = f"{width}_{page.replace('/', '_')}.png" if page in CHAPTERS[:3] else None
+        return visit(browser, f"{site}{page}.html", before=_layout, viewport=viewport, screenshot=shot)
+
+    return load
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_code_blocks_fit_the_column(layouts: Callable[[str, str], Visit], page: str) -> None:
+    layout = layouts(page, "laptop").extra
+    allowed = int(MAX_SCROLLING_SHARE * layout["blocks"])
+    assert layout["scrolling"] <= allowed, (
+        f"{page}.html: {layout['scrolling']} of {layout['blocks']} code blocks scroll sideways at 1280 px "
+        f"(at most {allowed})"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_display_equations_fit_the_column(layouts: Callable[[str, str], Visit], page: str) -> None:
+    overflowing = layouts(page, "laptop").extra["overflowing"]
+    assert not overflowing, f"{page}.html: display equations wider than the column: {overflowing}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_does_not_scroll_sideways_on_a_phone(layouts: Callable[[str, str], Visit], page: str) -> None:
+    assert not layouts(page, "phone").extra["page_scrolls"], f"{page}.html scrolls sideways at 390 px"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_title_comes_before_any_cell(layouts: Callable[[str, str], Visit], page: str) -> None:
+    assert layouts(page, "laptop").extra["title_first"], f"{page}.html shows a code cell above its title"
+
+
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_figures_have_alt_text_and_are_not_shrunk(layouts: Callable[[str, str], Visit], page: str) -> None:
+    images = layouts(page, "laptop").extra["images"]
+    noisy = [image["src"] for image in images if not image["alt"] or any(n in image["alt"] for n in NOISE_ALT)]
+    assert not noisy, f"{page}.html: images whose alt text is a file name or empty: {noisy}"
+    shrunk = [f"{image['src']} at {image['scale']:.0%}" for image in images if image["scale"] < MIN_FIGURE_SCALE]
+    assert not shrunk, f"{page}.html: figures shown below {MIN_FIGURE_SCALE:.0%} of their size: {shrunk}"
+
+
+# --- Accessibility: axe-core (WCAG 2.1 A and AA) over every page ---------------------------
+
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+# Violations that come from the theme or from Sphinx, not from the course's pages: (rule id,
+# a fragment of the offending node's selector or markup). Each appears on every page, the
+# ones with no course content included, and none can be changed from the book's sources.
+THEME_VIOLATIONS: set[tuple[str, str]] = {
+    # pydata-sphinx-theme 0.16: the search buttons are named "Search" but show "Search Ctrl+K",
+    # and the colour-mode button's name "Color mode" is not its visible text.
+    ("label-content-name-mismatch", "search-button__button"),
+    ("label-content-name-mismatch", "theme-switch-button"),
+    # Sphinx 7.4's HTML writer marks up a bibliography as role="list" with children of the
+    # deprecated DPUB role "doc-biblioentry" (the references page only).
+    ("aria-deprecated-role", 'role="doc-biblioentry"'),
+    ("aria-required-children", "citation-list"),
+}
+
+
+def _axe(page: Any) -> list[dict[str, Any]]:
+    page.add_script_tag(path=str(AXE))
+    return page.evaluate(
+        """async (tags) => {
+            const result = await axe.run(document, {runOnly: {type: "tag", values: tags}});
+            return result.violations.map((v) => ({
+                id: v.id, impact: v.impact,
+                nodes: v.nodes.map((n) => ({target: n.target.join(" "), html: n.html.slice(0, 120)})),
+            }));
+        }""",
+        AXE_TAGS,
+    )
+
+
+def _from_theme(rule: str, node: dict[str, str]) -> bool:
+    where = f"{node['target']} {node['html']}"
+    return any(rule == known and fragment in where for known, fragment in THEME_VIOLATIONS)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_accessibility(browser: Browser, site: str, page: str) -> None:
+    if not AXE.exists():
+        pytest.fail(f"{AXE.relative_to(ROOT)} is missing: run `make mathjax` (npm ci)", pytrace=False)
+    violations = visit(browser, f"{site}{page}.html", before=_axe).extra
+    ours = [
+        f"{v['id']} ({v['impact']}): {node['target']}  {node['html']}"
+        for v in violations
+        for node in v["nodes"]
+        if not _from_theme(v["id"], node)
+    ]
+    assert not ours, f"{page}.html has accessibility violations (WCAG 2.1 A/AA):\n" + "\n".join(ours[:15])

@@ -1,0 +1,56 @@
+"""Output shapes of named submodules, from one forward pass on the meta device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def trace_shapes(
+    model: nn.Module, input_size: Sequence[int], names: Sequence[str]
+) -> dict[str, tuple[int, ...]]:
+    """The output shape of each submodule in ``names`` (dotted paths, as in
+    ``model.named_modules()``), batch dimension included, for an input of ``input_size``.
+
+    The pass runs on a zero tensor with ``torch.no_grad()``; a module called several times
+    reports its first call. A module that returns a tuple reports its first element.
+
+    Raises:
+        KeyError: a name is not a submodule of ``model``.
+        RuntimeError: a named module was never called.
+    """
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise KeyError(f"not submodules of {type(model).__name__}: {missing}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    handles = []
+
+    def hook_for(name: str):
+        def hook(_module: nn.Module, _inputs: object, output: object) -> None:
+            if name in shapes:
+                return
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            shapes[name] = tuple(out.shape)
+
+        return hook
+
+    for name in names:
+        handles.append(modules[name].register_forward_hook(hook_for(name)))
+    was_training = model.training
+    try:
+        model.eval()
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+        with torch.no_grad():
+            model(torch.zeros(tuple(input_size), device=device))
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    never = [n for n in names if n not in shapes]
+    if never:
+        raise RuntimeError(f"these modules were not called in the forward pass: {never}")
+    return shapes
