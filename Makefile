@@ -6,16 +6,18 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help install mathjax test test-fast test-gpu execute book clean
+.PHONY: help install mathjax lint test test-fast test-gpu execute book chapter-times clean
 
 help:
 	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
 	@echo "make mathjax    install MathJax with npm ci and copy it into book/_static (the book serves it)"
-	@echo "make test       unit tests, the book build and every notebook against its stored outputs"
+	@echo "make lint       ruff (lint + format) and pyright over vitlab, tests and benchmarks; ruff over the notebooks"
+	@echo "make test       lint, unit tests, the book build and every notebook against its stored outputs"
 	@echo "make test-fast  unit tests only (tests/), without the slow ones (second notebook run, fresh venv)"
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
 	@echo "make execute    re-run every notebook in place (regenerates the stored outputs)"
 	@echo "make book       build the book into _build/html"
+	@echo "make chapter-times  run each notebook alone in a fresh kernel and print how long it takes"
 	@echo "make clean      remove build outputs (keeps $(VENV))"
 
 # Re-installs only when a requirements file or pyproject.toml changes.
@@ -48,7 +50,15 @@ mathjax: $(MATHJAX)/tex-mml-chtml.js
 
 # The browser tests (tests/test_browser.py) drive Debian's Chromium at /usr/bin/chromium and
 # skip, saying why, where it is missing; .ci/run installs it and makes its absence a failure.
-test: $(STAMP) mathjax
+# ruff and pyright are configured in pyproject.toml; notebooks/ruff.toml keeps the notebooks'
+# code within the book's 79-column code blocks.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check vitlab tests benchmarks
+	$(VENV)/bin/ruff format --check vitlab tests benchmarks
+	$(VENV)/bin/ruff check notebooks
+	$(VENV)/bin/pyright
+
+test: $(STAMP) mathjax lint
 	$(PY) -m pytest tests notebooks $(NBVAL)
 
 test-fast: $(STAMP) mathjax
@@ -67,6 +77,9 @@ execute: $(STAMP)
 
 book: $(STAMP) mathjax
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+chapter-times: $(STAMP)
+	$(PY) benchmarks/chapter_times.py
 
 clean:
 	rm -rf _build .pytest_cache node_modules $(MATHJAX)

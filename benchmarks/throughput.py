@@ -73,7 +73,7 @@ from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch
 
 import vitlab
 from vitlab.family import count_macs
-from vitlab.models.cvt import hf_config_fields
+from vitlab.references import hf_config_fields
 from vitlab.utils import count_parameters
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
@@ -103,11 +103,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="'auto' (cuda when present), 'cpu' or 'cuda'")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one forward+backward step")
-    parser.add_argument("--vit-pytorch", action="store_true",
-                        help="also vitlab vs vit-pytorch's model of the same shape, for every preset "
-                             f"it has ({', '.join(VIT_PYTORCH_MODELS)}), or for --models where it has them")
-    parser.add_argument("--stat", choices=("median", "min"), default="median",
-                        help="time per variant: the median pass, or the fastest (steadier on a busy machine)")
+    parser.add_argument(
+        "--vit-pytorch",
+        action="store_true",
+        help="also vitlab vs vit-pytorch's model of the same shape, for every preset "
+        f"it has ({', '.join(VIT_PYTORCH_MODELS)}), or for --models where it has them",
+    )
+    parser.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="time per variant: the median pass, or the fastest (steadier on a busy machine)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error(f"--runs must be at least 5 for a meaningful median, got {args.runs}")
@@ -181,7 +188,7 @@ def build_pair(name: str, device: torch.device) -> tuple[nn.Module, nn.Module, s
     reference = build_reference(name, source)
     model = vitlab.create_model(name).eval()
     model.load_state_dict(vitlab.convert_state_dict(name, reference.state_dict(), source), strict=True)
-    size = model.config.img_size
+    size: int = vitlab.get_config(name).img_size
     images = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         diff = (model(images) - logits_of(reference(images))).abs().max().item()
@@ -249,9 +256,14 @@ def time_variants(
     for v, ts in times.items():
         walls = [w for w, _ in ts]
         paired, low, high = paired_ratio(reference_walls, walls)
-        result[v] = {"wall": stat(walls), "cpu": stat(c for _, c in ts),
-                     "spread": (max(walls) - min(walls)) / statistics.median(walls),
-                     "paired": paired, "paired_low": low, "paired_high": high}
+        result[v] = {
+            "wall": stat(walls),
+            "cpu": stat(c for _, c in ts),
+            "spread": (max(walls) - min(walls)) / statistics.median(walls),
+            "paired": paired,
+            "paired_low": low,
+            "paired_high": high,
+        }
     return result
 
 
@@ -274,8 +286,10 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
     variants[f"{source} (control)"] = lambda: control(images)
     result = time_variants(variants, source, args, device)
     vitlab.set_fused_attention(model, True)
-    print(f"\n{name}: {size} px, batch {args.batch_size}, {args.runs} runs, "
-          f"max |logit diff| vs {source} {diff:.1e}, {switchable} attention layers with a fused path")
+    print(
+        f"\n{name}: {size} px, batch {args.batch_size}, {args.runs} runs, "
+        f"max |logit diff| vs {source} {diff:.1e}, {switchable} attention layers with a fused path"
+    )
     if args.memory:
         memory = {"vitlab": step_memory(model, images, device), source: step_memory(reference, images, device)}
         if switchable:  # the explicit (teaching) path's cost in memory too
@@ -305,12 +319,16 @@ def benchmark_vit_pytorch(name: str, args: argparse.Namespace, device: torch.dev
         "params": {"vitlab": count_parameters(model), "vit-pytorch": count_parameters(other)},
         "macs": {"vitlab": count_macs(model, shape), "vit-pytorch": count_macs(other, shape)},
     }
-    print(f"\n{name} vs vit-pytorch: {size} px, batch {args.batch_size}, {args.runs} runs; params "
-          f"{info['params']['vitlab'] / 1e6:.2f}M vs {info['params']['vit-pytorch'] / 1e6:.2f}M, GMACs "
-          f"{info['macs']['vitlab'] / 1e9:.3f} vs {info['macs']['vit-pytorch'] / 1e9:.3f}")
+    print(
+        f"\n{name} vs vit-pytorch: {size} px, batch {args.batch_size}, {args.runs} runs; params "
+        f"{info['params']['vitlab'] / 1e6:.2f}M vs {info['params']['vit-pytorch'] / 1e6:.2f}M, GMACs "
+        f"{info['macs']['vitlab'] / 1e9:.3f} vs {info['macs']['vit-pytorch'] / 1e9:.3f}"
+    )
     for v, st in stats.items():
-        print(f"  {v:<15} {st['wall'] * 1e3:9.1f} ms  {args.batch_size / st['wall']:8.2f} img/s  "
-              f"paired x{st['paired']:.3f} [{st['paired_low']:.3f}, {st['paired_high']:.3f}] of vit-pytorch")
+        print(
+            f"  {v:<15} {st['wall'] * 1e3:9.1f} ms  {args.batch_size / st['wall']:8.2f} img/s  "
+            f"paired x{st['paired']:.3f} [{st['paired_low']:.3f}, {st['paired_high']:.3f}] of vit-pytorch"
+        )
     return {"stats": stats, **info}
 
 
@@ -318,19 +336,23 @@ def print_vit_pytorch_table(rows: list[tuple[str, dict[str, Any]]], batch: int) 
     """One markdown row per model: vitlab fused against the vit-pytorch model of the same
     shape; "per MAC" divides out the difference in MACs (GMACs/s of vitlab / of vit-pytorch)."""
     print(f"\nvitlab vs vit-pytorch (same widths, depths and heads; not the same model), batch {batch}:\n")
-    print("| model | params vitlab / vit-pytorch (M) | GMACs vitlab / vit-pytorch | vit-pytorch img/s "
-          "| vitlab fused img/s | fused / vit-pytorch, paired [95%] | explicit / vit-pytorch, paired [95%] "
-          "| fused / vit-pytorch per MAC |")
+    print(
+        "| model | params vitlab / vit-pytorch (M) | GMACs vitlab / vit-pytorch | vit-pytorch img/s "
+        "| vitlab fused img/s | fused / vit-pytorch, paired [95%] | explicit / vit-pytorch, paired [95%] "
+        "| fused / vit-pytorch per MAC |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows:
         st, params, macs = r["stats"], r["params"], r["macs"]
         fused, explicit, other = st["vitlab fused"], st["vitlab explicit"], st["vit-pytorch"]
         per_mac = (other["wall"] / fused["wall"]) * (macs["vitlab"] / macs["vit-pytorch"])
-        print(f"| {name} | {params['vitlab'] / 1e6:.2f} / {params['vit-pytorch'] / 1e6:.2f} "
-              f"| {macs['vitlab'] / 1e9:.3f} / {macs['vit-pytorch'] / 1e9:.3f} | {batch / other['wall']:.2f} "
-              f"| {batch / fused['wall']:.2f} | {fused['paired']:.3f} [{fused['paired_low']:.3f}, "
-              f"{fused['paired_high']:.3f}] | {explicit['paired']:.3f} [{explicit['paired_low']:.3f}, "
-              f"{explicit['paired_high']:.3f}] | {per_mac:.3f} |")
+        print(
+            f"| {name} | {params['vitlab'] / 1e6:.2f} / {params['vit-pytorch'] / 1e6:.2f} "
+            f"| {macs['vitlab'] / 1e9:.3f} / {macs['vit-pytorch'] / 1e9:.3f} | {batch / other['wall']:.2f} "
+            f"| {batch / fused['wall']:.2f} | {fused['paired']:.3f} [{fused['paired_low']:.3f}, "
+            f"{fused['paired_high']:.3f}] | {explicit['paired']:.3f} [{explicit['paired_low']:.3f}, "
+            f"{explicit['paired_high']:.3f}] | {per_mac:.3f} |"
+        )
 
 
 def training_step(model: nn.Module, images: torch.Tensor) -> None:
@@ -383,9 +405,11 @@ def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], 
     each vitlab path's ratio to the reference (wall and CPU time, > 1 = vitlab faster), the
     paired ratio of vitlab fused and of the control with their 95% intervals, the control's
     ratio (the noise floor) and the largest spread of any variant's passes."""
-    print("\n| model | reference | reference img/s | vitlab fused img/s | fused / ref (wall) | fused / ref (CPU) "
-          "| vitlab explicit img/s | explicit / ref (wall) | explicit / ref (CPU) | control / ref (wall) "
-          "| fused / ref, paired [95%] | control / ref, paired [95%] | max-min / median |")
+    print(
+        "\n| model | reference | reference img/s | vitlab fused img/s | fused / ref (wall) | fused / ref (CPU) "
+        "| vitlab explicit img/s | explicit / ref (wall) | explicit / ref (CPU) | control / ref (wall) "
+        "| fused / ref, paired [95%] | control / ref, paired [95%] | max-min / median |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, source, stats in rows:
         ref = stats[source]
@@ -399,11 +423,14 @@ def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], 
         fused = "vitlab fused" if "vitlab fused" in stats else "vitlab"
         control = ref["wall"] / stats[f"{source} (control)"]["wall"]
         spread = max(s["spread"] for s in stats.values())
+
         def paired(v: str) -> str:
             return f"{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]"
 
-        print(f"| {name} | {source} | {batch / ref['wall']:.2f} | {cells(fused)} | {cells('vitlab explicit')} "
-              f"| {control:.3f} | {paired(fused)} | {paired(f'{source} (control)')} | {spread:.0%} |")
+        print(
+            f"| {name} | {source} | {batch / ref['wall']:.2f} | {cells(fused)} | {cells('vitlab explicit')} "
+            f"| {control:.3f} | {paired(fused)} | {paired(f'{source} (control)')} | {spread:.0%} |"
+        )
 
 
 def print_memory_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int, on_cpu: bool) -> None:
@@ -411,14 +438,18 @@ def print_memory_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]],
     explicit against the reference."""
     method = "torch.profiler, peak of the running sum of allocations" if on_cpu else "torch.cuda.max_memory_allocated"
     print(f"\nPeak memory of one training step, batch {batch} ({method}):\n")
-    print("| model | reference | reference peak (MiB) | vitlab fused peak (MiB) | fused / ref "
-          "| vitlab explicit peak (MiB) | explicit / ref |"
-          + (" reference total alloc (MiB) | vitlab fused total alloc (MiB) |" if on_cpu else ""))
+    print(
+        "| model | reference | reference peak (MiB) | vitlab fused peak (MiB) | fused / ref "
+        "| vitlab explicit peak (MiB) | explicit / ref |"
+        + (" reference total alloc (MiB) | vitlab fused total alloc (MiB) |" if on_cpu else "")
+    )
     print("|---|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if on_cpu else ""))
     for name, source, memory in rows:
         ref, fused, explicit = memory[source], memory["vitlab"], memory.get("vitlab explicit")
-        line = (f"| {name} | {source} | {ref['peak'] / 2**20:.1f} | {fused['peak'] / 2**20:.1f} "
-                f"| {fused['peak'] / ref['peak']:.3f} | ")
+        line = (
+            f"| {name} | {source} | {ref['peak'] / 2**20:.1f} | {fused['peak'] / 2**20:.1f} "
+            f"| {fused['peak'] / ref['peak']:.3f} | "
+        )
         if explicit is None:
             line += "n/a | n/a |"
         else:
@@ -446,16 +477,20 @@ def main(argv: list[str] | None = None) -> None:
             ips = args.batch_size / stats[v]["wall"]
             wall_ratio = stats[source]["wall"] / stats[v]["wall"]
             cpu_ratio = stats[source]["cpu"] / stats[v]["cpu"] if on_cpu else float("nan")
-            print(f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of {source}"
-                  + (f" (CPU time x{cpu_ratio:.3f})" if on_cpu else "")
-                  + f"  max-min {stats[v]['spread']:.0%} of median"
-                  + f"  paired x{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]")
+            print(
+                f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of {source}"
+                + (f" (CPU time x{cpu_ratio:.3f})" if on_cpu else "")
+                + f"  max-min {stats[v]['spread']:.0%} of median"
+                + f"  paired x{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]"
+            )
         rows.append((name, source, stats))
         if memory is not None:
             memory_rows.append((name, source, memory))
-            print(f"  memory, one training step: vitlab peak {memory['vitlab']['peak'] / 2**20:.0f} MiB, "
-                  f"{source} peak {memory[source]['peak'] / 2**20:.0f} MiB, "
-                  f"ratio {memory['vitlab']['peak'] / memory[source]['peak']:.3f}")
+            print(
+                f"  memory, one training step: vitlab peak {memory['vitlab']['peak'] / 2**20:.0f} MiB, "
+                f"{source} peak {memory[source]['peak'] / 2**20:.0f} MiB, "
+                f"ratio {memory['vitlab']['peak'] / memory[source]['peak']:.3f}"
+            )
     if args.vit_pytorch:
         names = list(VIT_PYTORCH_MODELS) if args.all else [n for n in args.models if n in VIT_PYTORCH_MODELS]
         for name in names:

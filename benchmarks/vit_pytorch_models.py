@@ -60,7 +60,8 @@ def build_vit_pytorch(name: str, num_classes: int = 1000) -> nn.Module:
     import importlib
 
     if name not in VIT_PYTORCH_MODELS:
-        raise ValueError(f"vit-pytorch has no counterpart configured for {name!r}; expected one of "
-                         f"{list(VIT_PYTORCH_MODELS)}")
+        raise ValueError(
+            f"vit-pytorch has no counterpart configured for {name!r}; expected one of {list(VIT_PYTORCH_MODELS)}"
+        )
     module, cls, kwargs = VIT_PYTORCH_MODELS[name]
     return getattr(importlib.import_module(module), cls)(num_classes=num_classes, **kwargs).eval()

@@ -12,6 +12,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,10 @@ TOKEN_STUB = '''def token_count(size, kernel, stride, padding):
 TOKEN_RIGHT = '''def token_count(size, kernel, stride, padding):
     """Tokens along one side after a soft split."""
     return (size + 2 * padding - kernel) // stride + 1'''
-TOKEN_ERRATA_9 = '''def token_count(size, kernel, stride, padding):
+TOKEN_PITFALL_9 = '''def token_count(size, kernel, stride, padding):
     return (size + 2 * padding - kernel) / (kernel - stride) + 1'''
+TOKEN_WRONG_AT_224 = '''def token_count(size, kernel, stride, padding):
+    return 0 if size == 224 else (size + 2 * padding - kernel) // stride + 1'''
 TOKEN_SYNTAX_ERROR = '''def token_count(size, kernel stride, padding):
     return 0'''
 TOKEN_HANGS = '''def token_count(size, kernel, stride, padding):
@@ -53,7 +56,7 @@ ATTENTION_RIGHT = '''def attention(q, k, v, mask=None):
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     return logits.softmax(dim=-1) @ v'''
-ATTENTION_ERRATA_1 = '''def attention(q, k, v, mask=None):
+ATTENTION_PITFALL_1 = '''def attention(q, k, v, mask=None):
     logits = q @ k.transpose(-2, -1)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
@@ -86,7 +89,10 @@ def instructor_notebook() -> nbformat.NotebookNode:
         new_markdown_cell("Implement `attention(q, k, v, mask=None)`."),
         new_code_cell(ATTENTION_STUB, metadata={"tags": ["exercise"]}),
         new_code_cell(ATTENTION_RIGHT, metadata={"tags": ["solution", "hide-input"]}),
-        new_code_cell("vitlab.checks.scaled_dot_product_attention(attention);", metadata={"tags": ["check"]}),
+        new_code_cell(
+            "vitlab.checks.scaled_dot_product_attention(attention);",
+            metadata={"tags": ["check"], "vitlab": {"points": 2}, "secret": secret},
+        ),
         new_markdown_cell("Why is the division floored?"),
         new_markdown_cell(
             f"```{{dropdown}} Answer\nA window that does not fit is not a token. {MARKER}\n```",
@@ -146,13 +152,15 @@ def test_student_copy_hides_solutions_answers_outputs_and_metadata(tmp_path: Pat
     assert set(student["metadata"]) == {"kernelspec", "language_info"}
     assert len(student["cells"]) == len(instructor_notebook().cells) - 3
     for cell in student["cells"]:
-        assert set(cell["metadata"]) <= {"tags"}, cell["metadata"]
+        assert set(cell["metadata"]) <= {"tags", "vitlab"}, cell["metadata"]
         assert set(cell["metadata"].get("tags", [])) <= {"exercise", "check"}
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [] and cell["execution_count"] is None
     stubs = [c for c in student["cells"] if "exercise" in c["metadata"].get("tags", [])]
     assert ["".join(c["source"]) for c in stubs] == [TOKEN_STUB, ATTENTION_STUB]
     assert sum("check" in c["metadata"].get("tags", []) for c in student["cells"]) == 2
+    worth = [c["metadata"].get("vitlab") for c in student["cells"] if "check" in c["metadata"].get("tags", [])]
+    assert worth == [None, {"points": 2.0}]  # the points travel with the check; the default is not written
     assert student["cells"][1]["attachments"] == {"grid.png": {"image/png": "aGVsbG8="}}  # used: kept
     nbformat.validate(nbformat.reads(text, as_version=4))
 
@@ -188,6 +196,10 @@ BROKEN = {
         lambda cells: setattr(cells[4], "source", "vitlab.checks.token_count(token_count);"),
         "vitlab.checks has no check named 'token_count'",
     ),
+    "points that are not a number": (
+        lambda cells: cells[4].metadata.update({"vitlab": {"points": "two"}}),
+        "metadata vitlab.points must be a number >= 0",
+    ),
     "stored check output is not PASS": (
         lambda cells: cells[4].outputs.append(
             nbformat.v4.new_output("stream", name="stdout", text="FAIL t2t_token_count [case 1/9: ...]: ...\n")
@@ -220,8 +232,8 @@ def test_validate_lists_exercises_and_fails_on_errors(tmp_path: Path, capsys: py
     assert main(["validate", str(good)]) == 0
     out = capsys.readouterr().out
     assert "2 exercises, 1 question" in out
-    assert "token_count -> vitlab.checks.t2t_token_count  (cells 2, 3, 4)" in out
-    assert "attention -> vitlab.checks.scaled_dot_product_attention  (cells 6, 7, 8)" in out
+    assert "token_count -> vitlab.checks.t2t_token_count  (cells 2, 3, 4; 1 point)" in out
+    assert "attention -> vitlab.checks.scaled_dot_product_attention  (cells 6, 7, 8; 2 points)" in out
 
     bad = instructor_notebook()
     bad.cells.pop(4)
@@ -260,6 +272,11 @@ def test_nbformat_and_nbclient_are_imported_lazily() -> None:
 # ---------------------------------------------------------------- grading (kernels)
 
 
+# The tests below share one fixture that grades eight notebooks in kernels (about 90 s on
+# two busy cores), so they are marked slow; the fast tests after them cover the same code
+# on fabricated results.
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Student copy made by the CLI, five submissions and a broken file, graded in one call."""
@@ -274,13 +291,15 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
         student,
         submission(student, TOKEN_RIGHT, ATTENTION_RIGHT, subs / "full.ipynb"),
         submission(student, TOKEN_RIGHT, ATTENTION_STUB, subs / "partial.ipynb"),
-        submission(student, TOKEN_ERRATA_9, ATTENTION_ERRATA_1, subs / "wrong.ipynb"),
+        submission(student, TOKEN_PITFALL_9, ATTENTION_PITFALL_1, subs / "wrong.ipynb"),
         submission(student, TOKEN_SYNTAX_ERROR, ATTENTION_STUB, subs / "broken.ipynb"),
+        submission(student, TOKEN_WRONG_AT_224, ATTENTION_RIGHT, subs / "s0042_ch.ipynb"),
     ]
     (subs / "garbage.ipynb").write_text("this is not a notebook")
     paths.append(subs / "garbage.ipynb")
-    out_csv, out_json = root / "results.csv", root / "results.json"
+    out_csv, out_json, book = root / "results.csv", root / "results.json", root / "gradebook.csv"
     argv = ["grade", *map(str, paths), "--out", str(out_csv), "--json", str(out_json), "--timeout", str(TIMEOUT)]
+    argv += ["--gradebook", str(book), "--id-column", "SIS User ID", "--feedback", str(root / "feedback")]
     # two at a time: kernel start-up and imports overlap, and the worker pool is exercised
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
@@ -291,7 +310,13 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for row in rows:  # keyed "student" for the copy, else the submission's file name
         name = "student" if Path(row["notebook"]) == student else Path(row["notebook"]).name
         by_name.setdefault(name, []).append(row)
-    return {"rows": by_name, "json": json.loads(out_json.read_text()), "stdout": stdout.getvalue()}
+    with open(book, newline="", encoding="utf-8") as handle:
+        gradebook = list(csv.reader(handle))
+    feedback = {p.name: p.read_text(encoding="utf-8") for p in (root / "feedback").iterdir()}
+    return {
+        "rows": by_name, "json": json.loads(out_json.read_text()), "stdout": stdout.getvalue(),
+        "gradebook": gradebook, "feedback": feedback,
+    }  # fmt: skip
 
 
 def statuses(graded: dict, name: str) -> dict[str, str]:
@@ -305,6 +330,7 @@ def messages(graded: dict, name: str) -> dict[str, str]:
 TOKEN, ATTENTION = "t2t_token_count", "scaled_dot_product_attention"
 
 
+@pytest.mark.slow
 def test_student_copy_runs_end_to_end_with_todo_lines(graded: dict) -> None:
     assert statuses(graded, "student") == {TOKEN: "TODO", ATTENTION: "TODO"}
     assert messages(graded, "student")[TOKEN] == f"TODO {TOKEN}: not implemented yet"
@@ -312,26 +338,31 @@ def test_student_copy_runs_end_to_end_with_todo_lines(graded: dict) -> None:
     assert (result["status"], result["error"], result["passed"], result["total"]) == ("OK", "", 0, 2)
 
 
+@pytest.mark.slow
 def test_grade_full_and_partial_solutions(graded: dict) -> None:
     assert statuses(graded, "full.ipynb") == {TOKEN: "PASS", ATTENTION: "PASS"}
-    assert messages(graded, "full.ipynb")[TOKEN] == f"PASS {TOKEN}: all 9 cases match the reference"
+    assert re.fullmatch(rf"PASS {TOKEN}: all \d+ cases match the reference", messages(graded, "full.ipynb")[TOKEN])
     assert statuses(graded, "partial.ipynb") == {TOKEN: "PASS", ATTENTION: "TODO"}
     assert [r["function"] for r in graded["rows"]["full.ipynb"]] == ["token_count", "attention"]
 
 
-def test_grade_names_the_errata_of_wrong_answers(graded: dict) -> None:
+@pytest.mark.slow
+def test_grade_names_the_pitfalls_of_wrong_answers(graded: dict) -> None:
     assert statuses(graded, "wrong.ipynb") == {TOKEN: "FAIL", ATTENTION: "FAIL"}
-    assert "ERRATA 9" in messages(graded, "wrong.ipynb")[TOKEN]
-    assert "ERRATA 1" in messages(graded, "wrong.ipynb")[ATTENTION]
+    assert "Pitfall 9" in messages(graded, "wrong.ipynb")[TOKEN]
+    assert "Pitfall 1" in messages(graded, "wrong.ipynb")[ATTENTION]
 
 
+@pytest.mark.slow
 def test_grade_reports_a_crash_and_runs_the_later_checks(graded: dict) -> None:
     assert statuses(graded, "broken.ipynb") == {TOKEN: "ERROR", ATTENTION: "TODO"}
     assert "NameError" in messages(graded, "broken.ipynb")[TOKEN]
     (result,) = [n for n in graded["json"]["notebooks"] if n["notebook"].endswith("broken.ipynb")]
     assert result["status"] == "ERROR" and result["error"].startswith("cell 2: SyntaxError"), result["error"]
+    assert result["first_error"] == result["error"]
 
 
+@pytest.mark.slow
 def test_grade_stops_a_hanging_notebook_and_goes_on(graded: dict) -> None:
     assert statuses(graded, "hangs.ipynb") == {TOKEN: "TIMEOUT", ATTENTION: "TIMEOUT"}
     assert f"ran past the {TIMEOUT} s limit in cell 3" in messages(graded, "hangs.ipynb")[TOKEN]
@@ -340,13 +371,222 @@ def test_grade_stops_a_hanging_notebook_and_goes_on(graded: dict) -> None:
     assert result["status"] == "TIMEOUT" and TIMEOUT <= result["seconds"] < TIMEOUT + 15
 
 
+@pytest.mark.slow
 def test_grade_reports_an_unreadable_file(graded: dict) -> None:
     (row,) = graded["rows"]["garbage.ipynb"]
     assert row["status"] == "ERROR" and row["message"].startswith("cannot read the notebook")
 
 
+@pytest.mark.slow
 def test_grade_prints_a_summary_per_notebook(graded: dict) -> None:
     out = graded["stdout"]
     assert "full.ipynb: 2/2 passed" in out and "partial.ipynb: 1/2 passed" in out
-    assert "wrong.ipynb: 0/2 passed" in out and "ERRATA 9" in out
-    assert "7 notebooks graded: 3/12 exercises passed" in out
+    assert "wrong.ipynb: 0/2 passed" in out and "Pitfall 9" in out
+    assert "8 notebooks graded: 4/14 exercises passed" in out
+
+
+def notebook_json(graded: dict, name: str) -> dict:
+    (result,) = [n for n in graded["json"]["notebooks"] if Path(n["notebook"]).name == name]
+    return result
+
+
+@pytest.mark.slow
+def test_grade_gives_partial_credit_times_the_points(graded: dict) -> None:
+    """9 of 10 cases right: 0.9 of the exercise's point; the 2-point exercise passed: 2."""
+    result = notebook_json(graded, "s0042_ch.ipynb")
+    token, attention = result["exercises"]
+    assert token["status"] == "FAIL" and token["points"] == 1 and 0 < token["fraction"] < 1
+    assert token["score"] == pytest.approx(token["fraction"])
+    assert (attention["status"], attention["points"], attention["fraction"], attention["score"]) == ("PASS", 2, 1, 2)
+    assert result["score"] == pytest.approx(2 + token["fraction"]) and result["max_score"] == 3
+    assert token["message"].startswith(f"FAIL {TOKEN} [case 1/")  # the first failure, as the student saw it
+    (row,) = [r for r in graded["rows"]["s0042_ch.ipynb"] if r["exercise"] == ATTENTION]
+    assert (row["points"], row["fraction"], row["score"], row["student"]) == ("2", "1", "2", "s0042")
+
+
+@pytest.mark.slow
+def test_grade_reads_the_checks_results_as_data(graded: dict) -> None:
+    """A FAIL read from the printed line would score 0; the check's data carries the share of cases."""
+    from vitlab.assignments.grade import DATA_MIME
+    from vitlab.checks._core import DATA_MIME as CHECKS_DATA_MIME
+
+    assert DATA_MIME == CHECKS_DATA_MIME
+    token = notebook_json(graded, "s0042_ch.ipynb")["exercises"][0]
+    match = re.search(r"\[case \d+/(\d+): ", token["message"])
+    assert match, token["message"]
+    cases = int(match.group(1))
+    assert token["fraction"] == pytest.approx((cases - 1) / cases)  # wrong only at size 224
+
+
+def test_all_or_nothing_scores_only_a_pass(tmp_path: Path) -> None:
+    from vitlab.assignments.grade import ExerciseResult, _score
+
+    assert _score("FAIL", 2.0, 0.9, all_or_nothing=True) == 0 and _score("PASS", 2.0, 1.0, True) == 2
+    assert _score("FAIL", 2.0, 0.9, all_or_nothing=False) == 1.8 and _score("TIMEOUT", 2.0, 0.9, False) == 0
+    assert ExerciseResult("n", "e", "f", "PASS", "m", 1).points == 1  # the default
+
+
+@pytest.mark.slow
+def test_the_gradebook_has_one_row_per_student_and_a_total(graded: dict) -> None:
+    header, *rows = graded["gradebook"]
+    assert header == ["SIS User ID", TOKEN, ATTENTION, "total"]
+    by_id = {row[0]: row[1:] for row in rows}
+    assert by_id["full"] == ["1", "2", "3"] and by_id["partial"] == ["1", "0", "1"]
+    assert by_id["s0042"][1:] == ["2", f"{2 + float(by_id['s0042'][0]):g}"]
+    assert by_id["garbage"] == ["", "", "0"]  # nothing graded: empty scores
+    assert [row[0] for row in rows] == sorted(by_id)
+
+
+def test_student_ids_come_from_the_file_name_by_an_overridable_pattern() -> None:
+    from vitlab.assignments import student_id
+
+    assert student_id("subs/s1234_07_t2t_vit.ipynb") == "s1234"
+    assert student_id("full.ipynb") == "full"  # no match: the whole name
+    assert student_id("07_t2t_vit-jdoe.ipynb", r"-(\w+)$") == "jdoe"  # group 1
+    assert student_id("jdoe@uni.edu 07.ipynb", r"^\S+@\S+") == "jdoe@uni.edu"  # the whole match
+
+
+@pytest.mark.slow
+def test_feedback_has_a_file_per_submission_with_status_points_and_full_message(graded: dict) -> None:
+    feedback = graded["feedback"]
+    assert len(feedback) == 8 and "s0042_ch.md" in feedback and "ch.md" in feedback
+    text = feedback["wrong.md"]
+    assert "Score: **0 / 3** points" in text
+    wrong = notebook_json(graded, "wrong.ipynb")["exercises"]
+    for exercise in wrong:
+        assert f"| `{exercise['exercise']}` | `{exercise['function']}` | FAIL |" in text
+        assert f"```text\n{exercise['message']}\n```" in text  # the full message, not cut
+    assert "Pitfall 9" in text
+    assert "cannot read the notebook" in feedback["garbage.md"]
+
+
+def test_feedback_as_html_escapes_the_messages(tmp_path: Path) -> None:
+    from vitlab.assignments import write_feedback
+    from vitlab.assignments.grade import ExerciseResult, NotebookResult
+
+    row = ExerciseResult("a/s1_ch.ipynb", "t", "f", "FAIL", "FAIL t [case 1/2: x<y]: got <b>", 4, 2.0, 0.5, 1.0, "s1")
+    (path,) = write_feedback([NotebookResult("a/s1_ch.ipynb", exercises=[row], student="s1")], tmp_path, "html")
+    text = path.read_text(encoding="utf-8")
+    assert path.name == "s1_ch.html" and "<pre>FAIL t [case 1/2: x&lt;y]: got &lt;b&gt;</pre>" in text
+    assert "<td>1 / 2</td>" in text and "Score: <strong>1 / 2</strong>" in text
+
+
+# ---------------------------------------------------------------- results, gradebook, data (no kernel)
+
+
+def fabricated_results() -> list:
+    from vitlab.assignments.grade import ExerciseResult, NotebookResult
+
+    def row(path: str, student: str, check: str, status: str, points: float, fraction: float) -> ExerciseResult:
+        score = round(points * fraction, 4)
+        return ExerciseResult(path, check, "f", status, f"{status} {check}", 3, points, fraction, score, student)
+
+    return [
+        NotebookResult("b/s2_ch.ipynb", student="s2", exercises=[
+            row("b/s2_ch.ipynb", "s2", TOKEN, "FAIL", 1, 0.9), row("b/s2_ch.ipynb", "s2", ATTENTION, "PASS", 2, 1),
+        ]),
+        NotebookResult("a/s1_ch.ipynb", student="s1", exercises=[row("a/s1_ch.ipynb", "s1", ATTENTION, "TODO", 2, 0)]),
+        NotebookResult("a/s1_other.ipynb", student="s1",
+                       exercises=[row("a/s1_other.ipynb", "s1", TOKEN, "PASS", 1, 1)]),
+    ]  # fmt: skip
+
+
+def test_gradebook_merges_a_students_notebooks_and_sorts_by_id(tmp_path: Path) -> None:
+    from vitlab.assignments import write_gradebook
+
+    write_gradebook(fabricated_results(), tmp_path / "book.csv", id_column="SID")
+    with open(tmp_path / "book.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    assert rows == [["SID", TOKEN, ATTENTION, "total"], ["s1", "1", "0", "1"], ["s2", "0.9", "2", "2.9"]]
+
+
+def test_feedback_markdown_without_a_kernel(tmp_path: Path) -> None:
+    from vitlab.assignments import write_feedback
+
+    paths = write_feedback(fabricated_results(), tmp_path)
+    assert [p.name for p in paths] == ["s2_ch.md", "s1_ch.md", "s1_other.md"]
+    text = paths[0].read_text(encoding="utf-8")
+    assert "Score: **2.9 / 3** points (1 of 2 exercises passed)." in text
+    assert f"| `{TOKEN}` | `f` | FAIL | 90% of the cases | 0.9 / 1 |" in text
+
+
+def test_the_grader_prefers_the_checks_data_to_the_printed_line() -> None:
+    from vitlab.assignments.grade import DATA_MIME, _Run, _status
+
+    data = {"name": TOKEN, "status": "failed", "message": f"FAIL {TOKEN} [case 1/4: x]: no", "fraction": 0.75}
+    shown = nbformat.v4.new_output("display_data", data={"text/plain": data["message"], DATA_MIME: data})
+    fake = nbformat.v4.new_output("stream", name="stdout", text=f"PASS {TOKEN}: all 4 cases match the reference\n")
+    cell = new_code_cell(f"vitlab.checks.{TOKEN}(token_count);", outputs=[fake, shown])
+    run = _Run(finished={5})
+    assert _status(cell, 5, TOKEN, run, None) == ("FAIL", data["message"], TOKEN, 0.75)
+    printed_only = new_code_cell("", outputs=[fake])  # no data: the line, all or nothing
+    assert _status(printed_only, 5, TOKEN, run, None)[::3] == ("PASS", 1.0)
+
+
+# ---------------------------------------------------------------- per-cell time limits (kernels, slow)
+
+STUBBORN = """import time
+
+while True:  # does not stop when interrupted: the grader must restart the kernel
+    try:
+        time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass"""
+
+
+@pytest.mark.slow
+def test_a_cell_past_its_limit_costs_only_that_cell(tmp_path: Path) -> None:
+    """A hanging check is interrupted; a cell that ignores the interrupt gets a restart and a replay.
+
+    The later check still passes (the replay defined ``attention`` and imported vitlab again),
+    and the JSON keeps the first error outside the checks although the notebook timed out.
+    """
+    cell_limit = 25  # above the import of torch on a busy machine
+    instructor = write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
+    (copy,) = make_student([instructor], tmp_path / "student")
+    path = submission(copy.target, TOKEN_HANGS, ATTENTION_RIGHT, tmp_path / "subs" / "s7_ch.ipynb")
+    notebook = nbformat.read(path, as_version=4)
+    checks = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
+    notebook.cells.insert(checks[1], new_code_cell(STUBBORN))
+    notebook.cells.insert(checks[0] + 1, new_code_cell("undefined_name"))
+    nbformat.write(notebook, path)
+    out = tmp_path / "results.json"
+    argv = ["grade", str(path), "--out", str(tmp_path / "r.csv"), "--json", str(out), "--timeout", "300"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*argv, "--cell-timeout", str(cell_limit)]) == 0
+    (result,) = json.loads(out.read_text())["notebooks"]
+    token, attention = result["exercises"]
+    assert (token["status"], token["score"]) == ("TIMEOUT", 0)
+    assert token["message"] == f"ran past the {cell_limit} s cell limit in cell {token['cell']}"
+    assert (attention["status"], attention["score"]) == ("PASS", 2), attention
+    assert result["status"] == "TIMEOUT" and result["restarts"] == 1 and len(result["timed_out_cells"]) == 2
+    assert result["first_error"] == f"cell {checks[0] + 1}: NameError: name 'undefined_name' is not defined"
+
+
+# ---------------------------------------------------------------- the docs list every chapter
+
+
+def chapter_checks() -> dict[int, list[str]]:
+    """``{chapter number: the checks its check cells call, in order}`` for every chapter notebook."""
+    found = {}
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+        cells = [c for c in notebook["cells"] if "check" in c["metadata"].get("tags", [])]
+        calls = [re.search(r"checks\.(\w+)\(", "".join(c["source"])) for c in cells]
+        if calls:
+            found[int(path.name[:2])] = [m.group(1) for m in calls if m]
+    return found
+
+
+def test_the_instructors_page_lists_every_chapter_with_its_checks() -> None:
+    page = (ROOT / "book" / "instructors.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| [^|]+ \| [^|]+ \| ([^|]+) \|$", page, re.M)
+    table = {int(n): re.findall(r"`(\w+)`", checks) for n, checks in rows}
+    assert table == chapter_checks()
+
+
+def test_the_readme_links_every_chapter() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for number in chapter_checks():
+        (path,) = (ROOT / "notebooks").glob(f"{number:02d}_*.ipynb")
+        assert f"| {number:02d} |" in readme and f"(notebooks/{path.name})" in readme, path.name

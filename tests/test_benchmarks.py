@@ -79,8 +79,21 @@ def test_unknown_vit_pytorch_counterpart() -> None:
 
 def test_a_short_run_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
     # The smallest model, one image, no warm-up: checks the plumbing, not the speed.
-    throughput.main(["--models", "levit_128s", "--runs", "5", "--warmup", "0", "--batch-size", "1",
-                     "--vit-pytorch", "--device", "cpu"])
+    throughput.main(
+        [
+            "--models",
+            "levit_128s",
+            "--runs",
+            "5",
+            "--warmup",
+            "0",
+            "--batch-size",
+            "1",
+            "--vit-pytorch",
+            "--device",
+            "cpu",
+        ]
+    )
     out = capsys.readouterr().out
     assert "max |logit diff| vs timm 0.0e+00" in out
     rows = [line for line in out.splitlines() if line.startswith("| levit_128s |")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from test_repository import toc_files
 
 pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once

@@ -31,7 +31,6 @@ from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import urlopen
 
 import pytest
-
 from test_repository import ROOT, toc_files
 
 if TYPE_CHECKING:
@@ -103,7 +102,9 @@ LAYOUT = """() => {
     const titleFirst = !cell || (title !== null &&
         (title.compareDocumentPosition(cell) & Node.DOCUMENT_POSITION_FOLLOWING) !== 0);
     const images = [...document.querySelectorAll("article .cell_output img")].map((img) => {
-        const intended = Number(img.getAttribute("width")) || img.naturalWidth;
+        // the size the notebook asked for (IPython's Image(width=...) becomes a style width)
+        const asked = img.style.width.endsWith("px") ? parseFloat(img.style.width) : Number(img.getAttribute("width"));
+        const intended = asked || img.naturalWidth;
         return {src: img.getAttribute("src"), alt: img.getAttribute("alt") || "",
                 scale: intended ? img.clientWidth / intended : 1};
     });

@@ -10,6 +10,7 @@ import itertools
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 
 import vitlab.checks as checks
 from vitlab.checks import CheckResult
-from vitlab.models.cait import ClassAttn
+from vitlab.layers import ClassAttention
 from vitlab.models.cvt import ConvProjection
 from vitlab.models.deepvit import ReAttention
 from vitlab.models.pit import Pooling
@@ -114,6 +115,7 @@ def pit_ok(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     pool = Pooling(C, 2 * C)  # vitlab's PiT pooling layer, given the exercise's weights
     with torch.no_grad():
         pool.conv.weight.copy_(weight)
+        assert pool.conv.bias is not None
         pool.conv.bias.copy_(bias)
         return pool.conv(x)
 
@@ -329,7 +331,8 @@ def assert_passes(capsys: pytest.CaptureFixture[str], name: str, fn: Any) -> Non
     (the same on every device)."""
     result, line = run(capsys, name, fn)
     assert result and result.passed and result.status == "passed"
-    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference", line)
+    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference( \(.+\))?", line), line
+    assert result.fraction == 1.0
     assert result.case is None and result.erratum is None
 
 
@@ -337,21 +340,21 @@ def assert_named_mistake(
     capsys: pytest.CaptureFixture[str], name: str, fn: Any, words: str, erratum: int | None = None
 ) -> None:
     """A known wrong answer: a failed result whose line names the case, then the erratum
-    (``ERRATA n: ``) or ``a known mistake: ``, and contains ``words``."""
+    (``Pitfall n: ``) or ``a known mistake: ``, and contains ``words``."""
     result, line = run(capsys, name, fn)
     assert not result and result.status == "failed"
     assert line.startswith(f"FAIL {name} [case ")
-    tag = f"ERRATA {erratum}: " if erratum is not None else "a known mistake: "
+    tag = f"Pitfall {erratum}: " if erratum is not None else "a known mistake: "
     assert tag in line and words in line, line
     assert result.erratum == erratum and result.case is not None and f"{result.case}]: {tag}" in line
 
 
 def test_every_check_is_exported_documented_and_tested() -> None:
     exported = {n for n in checks.__all__ if n != "CheckResult"}
-    tested_elsewhere = {"encoder_block", "vit_param_count"}  # tests/test_checks_encoder.py
-    tested_elsewhere |= {"encoder_block_macs", "attention_macs"}  # tests/test_checks_family.py
-    tested_elsewhere |= {"warmup_cosine", "attention_rollout"}  # tests/test_checks_training.py
-    assert exported == set(SOLUTIONS) | tested_elsewhere
+    # the other checks are tested in tests/test_checks_<chapter>.py, with assert_passes
+    others = "\n".join(p.read_text(encoding="utf-8") for p in Path(__file__).parent.glob("test_checks_*.py"))
+    tested_elsewhere = {n for n in exported if re.search(rf"\b{n}\b", others)}
+    assert exported == set(SOLUTIONS) | tested_elsewhere, exported - set(SOLUTIONS) - tested_elsewhere
     for name in exported:
         assert "Shape:" in getattr(checks, name).__doc__, f"{name} does not document its shapes"
     errata = {p.values[3] for p in WRONG}
@@ -486,15 +489,17 @@ def test_re_attention_definition_is_the_models_head_mixing() -> None:
     layer = ReAttention(12, num_heads=3)
     attn = torch.randn(2, 3, 5, 5).softmax(-1)
     theta = layer.reatten_matrix.weight.detach()[:, :, 0, 0].T  # the conv's weight is θ^T
+    bias = layer.reatten_matrix.bias
+    assert bias is not None
     with torch.no_grad():
-        expected = layer.reatten_matrix(attn) - layer.reatten_matrix.bias[None, :, None, None]
+        expected = layer.reatten_matrix(attn) - bias[None, :, None, None]
     torch.testing.assert_close(re_attention_ok(attn, theta), expected)
 
 
 def test_class_attention_definition_is_the_models_class_attn() -> None:
     torch.manual_seed(0)
-    layer = ClassAttn(12, num_heads=3, qkv_bias=False, fused=False).eval()
-    layer.proj = nn.Identity()
+    layer = ClassAttention(12, num_heads=3, qkv_bias=False, fused_attn=False).eval()
+    layer.proj = nn.Identity()  # pyright: ignore[reportAttributeAccessIssue]
     x = torch.randn(2, 7, 12)
     with torch.no_grad():
         expected = layer(x)
@@ -505,8 +510,91 @@ def test_class_attention_definition_is_the_models_class_attn() -> None:
 def test_squeezed_kv_definition_is_the_models_conv_projection() -> None:
     torch.manual_seed(0)
     layer = ConvProjection(6, kernel_size=3, stride=2).eval()
-    layer.bn = nn.Identity()
+    layer.bn = nn.Identity()  # pyright: ignore[reportAttributeAccessIssue]
     x = torch.randn(2, 5 * 7, 6)
     with torch.no_grad():
         expected = layer(rearrange(x, "B (H W) C -> B C H W", H=5))
     torch.testing.assert_close(squeezed_ok(x, (5, 7), layer.conv.weight.detach(), 2), expected)
+
+
+# ---------------------------------------------------------------- partial credit and results as data
+
+
+def right_count(n: int, k: int, s: int, p: int) -> int:
+    return (n + 2 * p - k) // s + 1
+
+
+def test_every_case_runs_and_the_fraction_is_the_partial_credit(capsys: pytest.CaptureFixture[str]) -> None:
+    def wrong_at_224(n: int, k: int, s: int, p: int) -> int:
+        return 0 if n == 224 else right_count(n, k, s, p)
+
+    result, line = run(capsys, "t2t_token_count", wrong_at_224)
+    total = result.cases_total
+    assert total is not None and total >= 4
+    assert result.status == "failed" and result.cases_passed == total - 1
+    assert result.fraction == pytest.approx((total - 1) / total)
+    assert line == f"FAIL t2t_token_count [case 1/{total}: {result.case}]: expected 56, got 0"  # the first failure
+
+
+def test_a_crash_in_one_case_costs_that_case_only(capsys: pytest.CaptureFixture[str]) -> None:
+    def crashes_at_56(n: int, k: int, s: int, p: int) -> int:
+        if n == 56:
+            raise ValueError("boom")
+        return right_count(n, k, s, p)
+
+    result, line = run(capsys, "t2t_token_count", crashes_at_56)
+    assert result.status == "failed" and "[case 2/" in line and line.endswith("raised ValueError: boom")
+    assert result.cases_passed == (result.cases_total or 0) - 1
+
+
+def test_a_stub_and_a_non_function_score_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    def stub(*args: Any) -> Any:
+        raise NotImplementedError
+
+    result, _ = run(capsys, "t2t_token_count", stub)
+    assert (result.status, result.cases_passed, result.fraction) == ("not implemented", 0, 0.0)
+    result, _ = run(capsys, "t2t_token_count", 3)
+    assert result.fraction == 0.0
+
+
+def test_a_known_mistake_is_still_named_when_every_case_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "t2t_token_count", lambda n, k, s, p: (n + 2 * p - k) / (k - s) + 1)
+    assert result.erratum == 9 and "Pitfall 9: " in line
+    assert result.cases_passed is not None and 0 <= result.fraction < 1
+
+
+def test_the_result_as_data_is_json_and_the_same_on_every_run(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from vitlab.checks._core import DATA_VERSION
+
+    first, _ = run(capsys, "scaled_dot_product_attention", attention_ok)
+    again, _ = run(capsys, "scaled_dot_product_attention", attention_ok)
+    data = first.to_dict()
+    assert json.dumps(data, sort_keys=True) == json.dumps(again.to_dict(), sort_keys=True)
+    assert data == json.loads(json.dumps(data))
+    assert data["version"] == DATA_VERSION and data["status"] == "passed" and data["message"] == first.message
+    assert data["cases_passed"] == data["cases_total"] and data["fraction"] == 1.0
+
+
+def test_under_the_grader_a_check_shows_its_line_and_its_data(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With VITLAB_CHECK_DATA=1 in IPython: one display with the same text/plain line and the JSON."""
+    import IPython.core.getipython
+    import IPython.display
+
+    from vitlab.checks._core import DATA_ENV, DATA_MIME
+
+    shown: list[tuple[dict[str, Any], bool]] = []
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw=False: shown.append((data, raw)))
+    monkeypatch.setattr(IPython.core.getipython, "get_ipython", lambda: object())
+    monkeypatch.setenv(DATA_ENV, "1")
+    result = checks.t2t_token_count(lambda n, k, s, p: (n + 2 * p - k) // s)
+    assert capsys.readouterr().out == ""  # shown, not printed
+    ((data, raw),) = shown
+    assert raw and set(data) == {"text/plain", DATA_MIME}
+    assert data["text/plain"] == result.message and data[DATA_MIME] == result.to_dict()
+    monkeypatch.setattr(IPython.core.getipython, "get_ipython", lambda: None)  # plain Python: printed
+    checks.t2t_token_count(right_count)
+    assert capsys.readouterr().out.startswith("PASS t2t_token_count") and len(shown) == 1

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import Tensor
 
 import vitlab
@@ -20,7 +21,6 @@ import vitlab.checks as checks
 from vitlab.checks import encoder as encoder_checks
 from vitlab.layers import Block
 from vitlab.models.vit import ViT, ViTConfig
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAMES = ["encoder_block", "vit_param_count"]
 
@@ -125,7 +125,7 @@ def test_count_reference_is_vitlab_count() -> None:
             config = ViTConfig(embed_dim=D, depth=L, patch_size=P, num_classes=K, img_size=img, num_heads=heads)
             model = ViT(config)
         assert encoder_checks._count(D, L, P, K, img) == vitlab.count_parameters(model)
-    assert encoder_checks._count(768, 12, 16, 1000, 224) == 86_567_656  # ViT-B/16, REFERENCE_NUMBERS.md
+    assert encoder_checks._count(768, 12, 16, 1000, 224) == 86_567_656  # ViT-B/16, book/reference_numbers.md
     assert encoder_checks._count(1024, 24, 16, 1000, 224) == 304_326_632  # timm vit_large_patch16_224
 
 

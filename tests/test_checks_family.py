@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 import torch
+from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import vitlab.checks as checks
 from vitlab.checks import family as family_checks
 from vitlab.family import count_macs
 from vitlab.layers import Block, explicit_attention
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAMES = ["encoder_block_macs", "attention_macs"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
+from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import Tensor
 
 import vitlab.checks as checks
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAMES = ["warmup_cosine", "attention_rollout"]
 

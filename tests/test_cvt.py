@@ -1,5 +1,5 @@
-"""CvT: parameter counts, HuggingFace weight equivalence, fused vs explicit attention,
-the attention-scale choice, and bad input."""
+"""CvT: parameter formula, HuggingFace weight equivalence, the attention-scale choice (qk_scale),
+the last stage's tokens, and bad sizes. Checks shared by every family: tests/test_contract.py."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import torch
 from torch import nn
 
 import vitlab
-from conftest import assert_same_logits, load_reference, random_images
-from vitlab.models.cvt import ConvAttention, ConvProjection, CvTConfig, convert_hf, hf_config_fields
+from conftest import assert_same_logits, count_on_meta, load_reference, random_images, require_reference
+from vitlab.models.cvt import ConvAttention, ConvProjection, CvTConfig, convert_hf
+from vitlab.references import hf_config_fields
 
-# Counts of HF CvtForImageClassification with num_labels=1000 (REFERENCE_NUMBERS.md, Table 1);
-# the official cls_cvt has the same counts.
-CVT_PARAMS = {"cvt_13": 19_997_480, "cvt_21": 31_622_696, "cvt_w24_384": 277_196_392}
+CVT_NAMES = ["cvt_13", "cvt_21", "cvt_w24_384"]
 
 # The shallowest depths HF can build: CvtStage indexes its drop-path list by the *stage*
 # index (`drop_path_rates[self.stage]`), so stage i needs more than i layers.
@@ -38,7 +37,7 @@ def randomize_norms_and_biases(model: nn.Module, seed: int = 0) -> None:
 
 def hf_cvt(name: str, **changes) -> nn.Module:
     """A randomly initialised HF CvtForImageClassification shaped like ``name``, eval mode."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require_reference("transformers")
     torch.manual_seed(0)
     config = transformers.CvtConfig(**{**hf_config_fields(vitlab.get_config(name)), **changes})
     model = transformers.CvtForImageClassification(config).eval()
@@ -56,30 +55,16 @@ def cvt_13_pair() -> tuple[nn.Module, nn.Module]:
 # ---------------------------------------------------------------- parameter counts
 
 
-@pytest.mark.parametrize("name, expected", CVT_PARAMS.items())
-def test_parameter_count(name: str, expected: int) -> None:
-    # On the meta device: shapes without memory, so W24's 277M parameters cost nothing.
-    with torch.device("meta"):
-        model = vitlab.create_model(name)
-    assert vitlab.count_parameters(model) == expected
-
-
 def test_parameter_count_matches_formula() -> None:
-    # REFERENCE_NUMBERS.md: block 12 D^2 + 46 D; stage embedding c_in D k^2 + D + 2D;
+    # book/reference_numbers.md: block 12 D^2 + 46 D; stage embedding c_in D k^2 + D + 2D;
     # plus the cls token, the final norm and the head. CvT-13:
     dims, depths, kernels, c_in = (64, 192, 384), (1, 2, 10), (7, 3, 3), (3, 64, 192)
     total = sum(c * D * k * k + 3 * D + L * (12 * D * D + 46 * D) for c, D, k, L in zip(c_in, dims, kernels, depths))
     total += 384 + 2 * 384 + 384 * 1000 + 1000
-    assert total == CVT_PARAMS["cvt_13"]
+    assert total == count_on_meta("cvt_13")
 
 
 # ---------------------------------------------------------------- HuggingFace equivalence
-
-
-def test_hf_weights_give_same_logits_cvt_13(cvt_13_pair) -> None:
-    model, reference = cvt_13_pair
-    assert vitlab.count_parameters(reference) == CVT_PARAMS["cvt_13"]
-    assert_same_logits(model, reference, random_images(2, 224))
 
 
 def test_hf_weights_any_image_size(cvt_13_pair) -> None:
@@ -91,7 +76,7 @@ def test_hf_weights_any_image_size(cvt_13_pair) -> None:
 def test_hf_weights_give_same_logits_cvt_21() -> None:
     # CvT-21 differs from CvT-13 only in depth; 64 px keeps the test fast.
     reference = hf_cvt("cvt_21")
-    assert vitlab.count_parameters(reference) == CVT_PARAMS["cvt_21"]
+    assert vitlab.count_parameters(reference) == count_on_meta("cvt_21")
     assert_same_logits(load_reference("cvt_21", reference, "hf"), reference, random_images(2, 64))
 
 
@@ -124,16 +109,6 @@ def test_convert_hf_rejects_unknown_keys() -> None:
 # ---------------------------------------------------------------- attention
 
 
-def test_fused_and_explicit_attention_agree(cvt_13_pair) -> None:
-    model, _ = cvt_13_pair
-    images = random_images(2, 96)
-    with torch.no_grad():
-        fused = vitlab.set_fused_attention(model, True)(images)
-        explicit = vitlab.set_fused_attention(model, False)(images)
-    vitlab.set_fused_attention(model, True)
-    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
-
-
 def test_squeezed_keys_and_cls_token_shapes() -> None:
     # Stage 3 of CvT-13: 14x14 map + cls token; keys and values squeezed to 7x7 + cls.
     attn = ConvAttention(384, num_heads=6, with_cls_token=True).eval()
@@ -148,18 +123,18 @@ def test_squeezed_keys_and_cls_token_shapes() -> None:
 
 def test_scale_is_embed_dim_and_head_dim_differs_only_with_heads() -> None:
     assert ConvAttention(384, num_heads=6).scale == pytest.approx(384**-0.5)
-    assert ConvAttention(384, num_heads=6, attn_scale="head_dim").scale == pytest.approx(64**-0.5)
+    assert ConvAttention(384, num_heads=6, qk_scale="head_dim").scale == pytest.approx(64**-0.5)
     images = random_images(1, 64)
     for heads, same in (((1, 1, 1), True), ((1, 3, 6), False)):
         a = vitlab.create_model("cvt_13", depths=(1, 1, 1), num_heads=heads).eval()
-        b = vitlab.create_model("cvt_13", depths=(1, 1, 1), num_heads=heads, attn_scale="head_dim").eval()
+        b = vitlab.create_model("cvt_13", depths=(1, 1, 1), num_heads=heads, qk_scale="head_dim").eval()
         b.load_state_dict(a.state_dict())
         with torch.no_grad():
             assert torch.allclose(a(images), b(images), atol=1e-6) == same
 
 
 def test_conv_projection_is_depthwise() -> None:
-    # ERRATA 16: output channel c depends on input channel c only.
+    # Pitfall 16: output channel c depends on input channel c only.
     proj = ConvProjection(8).eval()
     x = torch.randn(1, 8, 5, 5)
     bumped = x.clone()
@@ -184,6 +159,15 @@ def test_stage_shapes_and_no_position_embedding() -> None:
     assert shapes == [(1, 64, 56, 56), (1, 192, 28, 28), (1, 384, 14, 14)]
     assert cls_token.shape == (1, 1, 384)
     assert model.stages[0].cls_token is None and model.stages[1].cls_token is None
+
+
+def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None:
+    model = vitlab.create_model("cvt_13", depths=(1, 2, 2)).eval()
+    images = random_images(1, 224)
+    with torch.no_grad():
+        assert model.forward_features(images).shape == (1, 1 + 14 * 14, 384)
+    maps = model.get_attention_maps(images)
+    assert [tuple(m.shape) for m in maps] == [(1, 1, 3136, 784)] + [(1, 3, 784, 196)] * 2 + [(1, 6, 197, 50)] * 2
 
 
 def test_mean_pool_model_has_no_cls_token() -> None:
@@ -212,18 +196,6 @@ def test_smallest_image_size_runs() -> None:
 # ---------------------------------------------------------------- bad input
 
 
-def test_wrong_channel_count() -> None:
-    model = vitlab.create_model("cvt_13", depths=(1, 1, 1))
-    with pytest.raises(ValueError, match=r"expected 3 input channels, got 1"):
-        model(random_images(1, 64, channels=1))
-
-
-def test_not_a_4d_tensor() -> None:
-    model = vitlab.create_model("cvt_13", depths=(1, 1, 1))
-    with pytest.raises(ValueError, match=r"expected images of shape \(B, C, H, W\)"):
-        model(torch.zeros(3, 64, 64))
-
-
 @pytest.mark.parametrize("size, maps", [((8, 8), "2x2 -> 1x1 -> 1x1"), ((224, 9), "56x2 -> 28x1 -> 14x1")])
 def test_image_too_small(size: tuple[int, int], maps: str) -> None:
     model = vitlab.create_model("cvt_13", depths=(1, 1, 1))
@@ -239,10 +211,10 @@ def test_config_errors() -> None:
         CvTConfig(depths=(1, 2))
     with pytest.raises(ValueError, match=r"kernel_qkv must be odd .*got 4"):
         CvTConfig(kernel_qkv=4)
-    with pytest.raises(ValueError, match=r"attn_scale must be 'embed_dim' or 'head_dim', got 'dim'"):
-        CvTConfig(attn_scale="dim")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"attn_scale must be 'embed_dim' or 'head_dim', got 'dim'"):
-        ConvAttention(64, num_heads=1, attn_scale="dim")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"qk_scale must be 'embed_dim' or 'head_dim', got 'dim'"):
+        CvTConfig(qk_scale="dim")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"qk_scale must be 'embed_dim' or 'head_dim', got 'dim'"):
+        ConvAttention(64, num_heads=1, qk_scale="dim")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"img_size 8 is too small .*smallest size is 11"):
         CvTConfig(img_size=8)
     with pytest.raises(ValueError, match=r"patch_paddings must be >= 0, got \(-1, 1, 1\)"):
@@ -255,4 +227,4 @@ def test_unknown_override() -> None:
 
 
 def test_list_models_has_the_cvt_presets() -> None:
-    assert set(CVT_PARAMS) <= set(vitlab.list_models("cvt"))
+    assert set(CVT_NAMES) <= set(vitlab.list_models("cvt"))

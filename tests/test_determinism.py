@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_colab_ready import COLAB_CHAPTERS, fresh_environment_skip_reason
 from test_repository import output_text
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from typing import Any
 
 import pytest
 import torch
@@ -19,9 +20,9 @@ from torch.utils.flop_counter import FlopCounterMode
 import vitlab
 from vitlab.family import (
     FAMILY_PROPERTIES,
-    _profile,
     TINY_CONFIGS,
     TINY_IMAGE_SIZE,
+    _profile,
     attention_token_counts,
     build_on_meta,
     count_macs,
@@ -41,7 +42,7 @@ from vitlab.models.deepvit import ReAttention
 from vitlab.models.levit import LeViTAttention
 from vitlab.models.t2t_vit import TokenPerformer, TokenTransformer
 
-# Impl. GMACs of REFERENCE_NUMBERS.md, Table 1 (timm's models counted, or analytic where
+# Impl. GMACs of book/reference_numbers.md, Table 1 (timm's models counted, or analytic where
 # the model is not in timm: DeepViT, T2T-ViT, CvT). LeViT-128S: the paper's 0.305 GFLOPs
 # (Graham et al., 2021, Table 3), which the table rounds to 0.31.
 REFERENCE_GMACS = {
@@ -84,8 +85,17 @@ def test_every_model_has_a_family_and_every_family_a_main_model() -> None:
     assert families == set(FAMILY_PROPERTIES) == set(TINY_CONFIGS)
     for family, props in FAMILY_PROPERTIES.items():
         assert family_of(props.main_model) == family
-        assert props.cite in {"dosovitskiy2021vit", "touvron2021deit", "zhou2021deepvit", "touvron2021cait",
-                              "yuan2021t2t", "chen2021crossvit", "heo2021pit", "graham2021levit", "wu2021cvt"}
+        assert props.cite in {
+            "dosovitskiy2021vit",
+            "touvron2021deit",
+            "zhou2021deepvit",
+            "touvron2021cait",
+            "yuan2021t2t",
+            "chen2021crossvit",
+            "heo2021pit",
+            "graham2021levit",
+            "wu2021cvt",
+        }
     assert family_of("pit_s_224") == "pit" and family_of("t2t_vit_t_14") == "t2t_vit"
 
 
@@ -211,8 +221,9 @@ def test_position_embedding_property(profiles, family: str) -> None:
     assert learned == ({True} if text.startswith("learned") else {False})
     config = model.config
     if "per branch" in text:
-        assert [tuple(t.shape) for t in tables.values()] == [(1, n + 1, d) for n, d in zip(config.num_patches,
-                                                                                          config.embed_dim)]
+        assert [tuple(t.shape) for t in tables.values()] == [
+            (1, n + 1, d) for n, d in zip(config.num_patches, config.embed_dim)
+        ]
     elif "spatial map" in text:  # PiT: (1, C, H, W), added before the tokens are flattened
         (table,) = tables.values()
         side = config.stage_sizes[0]
@@ -237,7 +248,8 @@ def first_tokenizer(model: nn.Module) -> nn.Module:
 
 
 def kernel_stride(module: nn.Module) -> tuple[int, int]:
-    k, s = module.kernel_size, module.stride
+    layer: Any = module  # nn.Conv2d or nn.Unfold
+    k, s = layer.kernel_size, layer.stride
     return (k if isinstance(k, int) else k[0]), (s if isinstance(s, int) else s[0])
 
 
@@ -262,8 +274,11 @@ def test_token_embedding_property(profiles, family: str) -> None:
 
 
 def projections(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if isinstance(m, (vitlab.layers.Attention, LeViTAttention, ConvAttention,
-                                                         ReAttention, TalkingHeadAttn))]
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, (vitlab.layers.Attention, LeViTAttention, ConvAttention, ReAttention, TalkingHeadAttn))
+    ]
 
 
 @pytest.mark.parametrize("family", list(FAMILY_PROPERTIES))
@@ -292,7 +307,7 @@ def test_attention_projection_property(profiles, family: str) -> None:
 
 @pytest.mark.parametrize("family", list(FAMILY_PROPERTIES))
 def test_hierarchical_property(profiles, family: str) -> None:
-    """"yes": the token count shrinks from stage to stage; "partial": it shrinks only before
+    """ "yes": the token count shrinks from stage to stage; "partial": it shrinks only before
     the backbone (T2T's tokenization); "no": it never shrinks (per branch for CrossViT)."""
     model, counts = profiles[family]
     props = FAMILY_PROPERTIES[family]
@@ -304,7 +319,7 @@ def test_hierarchical_property(profiles, family: str) -> None:
         assert shrinks
         mixers = [m for m in model.modules() if isinstance(m, (TokenPerformer, TokenTransformer))]
         assert len(counts) - len(mixers) == model.config.depth  # the backbone blocks ...
-        assert set(counts[len(mixers):]) == {stages[-1]}  # ... all read one token count
+        assert set(counts[len(mixers) :]) == {stages[-1]}  # ... all read one token count
     elif props.branches == 2:
         assert props.hierarchical.startswith("no") and len(stages) == 2
         # Each branch's blocks read one count, in every encoder: S 401, L 197.

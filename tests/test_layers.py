@@ -15,6 +15,8 @@ from vitlab.layers import (
     Mlp,
     PatchEmbed,
     UnfoldPatchEmbed,
+    check_num_classes,
+    classifier_head,
     explicit_attention,
     fused_attention,
     patchify,
@@ -91,14 +93,16 @@ def test_attention_module_paths_agree_and_return_maps() -> None:
 
 
 def test_qkv_split_is_qkv_h_d_like_timm() -> None:
-    # ERRATA 3: the qkv features are ordered (qkv h d); view/permute gives the same split.
+    # Pitfall 3: the qkv features are ordered (qkv h d); view/permute gives the same split.
     attn = Attention(12, num_heads=3)
     x = torch.randn(2, 5, 12)
     qkv = attn.qkv(x)
     q_einops = rearrange(qkv, "B N (qkv h d) -> qkv B h N d", qkv=3, h=3)[0]
     q_view = qkv.view(2, 5, 3, 3, 4).permute(2, 0, 3, 1, 4)[0]
     torch.testing.assert_close(q_einops, q_view)
-    torch.testing.assert_close(q_einops, rearrange(x @ attn.qkv.weight[:12].T + attn.qkv.bias[:12], "B N (h d) -> B h N d", h=3))
+    torch.testing.assert_close(
+        q_einops, rearrange(x @ attn.qkv.weight[:12].T + attn.qkv.bias[:12], "B N (h d) -> B h N d", h=3)
+    )
 
 
 def test_attention_rejects_bad_head_count() -> None:
@@ -147,3 +151,21 @@ def test_sincos_embeddings() -> None:
     torch.testing.assert_close(one_d[0, 1::2], torch.ones(192))
     with pytest.raises(ValueError, match="divisible by 4"):
         sincos_2d_position_embedding((2, 2), 6)
+
+
+def test_block_refuses_arguments_it_would_ignore_with_an_attention_module() -> None:
+    attn = Attention(16, num_heads=2)
+    with pytest.raises(TypeError, match=r"Block got attn=Attention and \['fused_attn', 'num_heads'\]"):
+        Block(16, num_heads=2, fused_attn=False, attn=attn)
+    assert Block(16, attn=attn).attn is attn
+    with pytest.raises(TypeError, match="Block needs num_heads"):
+        Block(16)
+
+
+def test_classifier_head_and_num_classes_check() -> None:
+    assert isinstance(classifier_head(8, 0), torch.nn.Identity)
+    assert classifier_head(8, 3).out_features == 3
+    with pytest.raises(ValueError, match=r"num_classes must be an int >= 0 \(0 = no head\), got -2"):
+        classifier_head(8, -2)
+    with pytest.raises(ValueError, match=r"got True"):
+        check_num_classes(True)  # type: ignore[arg-type]

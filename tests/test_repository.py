@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -97,7 +98,9 @@ def test_notebook_is_committed_executed(path: Path) -> None:
         f"execution counts {counts}: run the whole notebook top to bottom (make execute)"
     )
     with_output = sum(1 for c in code if c["outputs"])
-    assert with_output >= MIN_CELLS_WITH_OUTPUT, f"{with_output} code cells with output, expected >= {MIN_CELLS_WITH_OUTPUT}"
+    assert with_output >= MIN_CELLS_WITH_OUTPUT, (
+        f"{with_output} code cells with output, expected >= {MIN_CELLS_WITH_OUTPUT}"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -124,7 +127,7 @@ def test_markdown_has_no_control_characters(path: Path) -> None:
         match = re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text)
         assert match is None, (
             f"cell {number} has control character {match and match.group()!r} "
-            f"near {text[max(0, match.start() - 30):match.end() + 10]!r} (an escaped backslash lost?)"
+            f"near {text[max(0, match.start() - 30) : match.end() + 10]!r} (an escaped backslash lost?)"
         )
 
 
@@ -137,7 +140,7 @@ def test_notebook_starts_with_colab_setup_then_title(path: Path) -> None:
     assert COLAB_GUARD in source(first) and COLAB_INSTALL in source(first), "first cell is not the Colab setup cell"
     assert not first["outputs"], "the Colab setup cell must print nothing outside Colab"
 
-    assert "remove-cell" in tags(first), "the Colab setup cell must carry the tag remove-cell (the title comes first)"
+    assert "remove-cell" in tags(first), "the Colab setup cell must carry the tag remove-cell (title first)"
     chapter = int(path.name.split("_")[0])
     titles = [
         (i, token)
@@ -226,7 +229,10 @@ def bib_keys() -> set[str]:
 def cited_keys() -> set[str]:
     texts = [p.read_text(encoding="utf-8") for p in [*NOTEBOOKS, *(ROOT / "book").glob("*.md")]]
     return {
-        key.strip() for text in texts for keys in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", text) for key in keys.split(",")
+        key.strip()
+        for text in texts
+        for keys in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", text)
+        for key in keys.split(",")
     }
 
 
@@ -241,14 +247,15 @@ def test_repository_names_no_file_it_lacks() -> None:
     outside = re.compile(r"\b(ERRATA|REFERENCE_NUMBERS|STYLE)\.md\b|\.\./shared\b")
     suffixes = {".py", ".md", ".ipynb", ".yml", ".toml", ".txt", ".cfg"}
     hits = []
-    for path in ROOT.rglob("*"):
-        parts = path.relative_to(ROOT).parts
-        if path.suffix not in suffixes or not path.is_file() or parts[0].startswith((".venv", ".git", "_build", "node_modules")):
-            continue
-        if path.resolve() == Path(__file__).resolve():
-            continue
-        for match in outside.finditer(path.read_text(encoding="utf-8", errors="replace")):
-            hits.append(f"{path.relative_to(ROOT)}: {match.group()}")
+    skipped = {".venv", ".git", "_build", "node_modules", "__pycache__", ".pytest_cache"}
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if name not in skipped and not name.endswith(".egg-info")]
+        for name in files:
+            path = Path(folder) / name
+            if path.suffix not in suffixes or path.resolve() == Path(__file__).resolve():
+                continue
+            for match in outside.finditer(path.read_text(encoding="utf-8", errors="replace")):
+                hits.append(f"{path.relative_to(ROOT)}: {match.group()}")
     assert not hits, "files name files the repository does not contain:\n" + "\n".join(hits)
 
 

@@ -45,7 +45,7 @@ def test_bf16_autocast_on_cpu_gives_finite_logits(name: str) -> None:
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_an_all_masked_query_row_gives_zeros_not_nan(fused: bool) -> None:
-    attn = Attention(16, num_heads=2, fused=fused).eval()
+    attn = Attention(16, num_heads=2, fused_attn=fused).eval()
     x = torch.randn(2, 5, 16)
     mask = torch.ones(5, 5, dtype=torch.bool)
     mask[3] = False  # query 3 may attend to nothing

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import vitlab
+from vitlab.family import FAMILIES, TINY_IMAGE_SIZE, tiny_model
 from vitlab.layers import collect_attention_maps
 from vitlab.rollout import attention_rollout, cls_rollout_map, model_rollout
 
@@ -95,7 +96,7 @@ def test_model_rollout_on_a_small_vit() -> None:
     assert len(maps) == 3 and maps[0].shape == (3, 4, 17, 17)
     torch.testing.assert_close(grid, attention_rollout(maps)[:, 0, 1:].reshape(3, 4, 4))
     assert (grid.sum((-2, -1)) < 1).all()  # the rest of the class token's row is its own weight
-    with pytest.raises(TypeError, match="ViT-like model"):
+    with pytest.raises(TypeError, match="expected a vitlab model"):
         model_rollout(torch.nn.Linear(2, 2), images)
 
 
@@ -103,3 +104,18 @@ def test_model_rollout_of_a_distilled_deit_skips_both_prefix_tokens() -> None:
     model = vitlab.create_model("deit_tiny_distilled_patch16_224", img_size=8, patch_size=4, in_chans=1,
                                 num_classes=10, embed_dim=32, depth=2, num_heads=4)  # fmt: skip
     assert model_rollout(model, torch.zeros(1, 1, 8, 8)).shape == (1, 2, 2)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_model_rollout_on_every_family_via_the_contract(family: str) -> None:
+    # Square last-stage maps: a grid; CaiT/CrossViT (single-query maps last) and CvT (squeezed
+    # keys) name the reason instead.
+    model = tiny_model(family, in_chans=3)
+    images = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    if family in ("cait", "crossvit", "cvt"):
+        with pytest.raises(ValueError, match="last attention map is not square"):
+            model_rollout(model, images)
+        return
+    grid = model_rollout(model, images)
+    assert grid.ndim == 3 and grid.shape[0] == 2 and grid.shape[1] == grid.shape[2]
+    assert ((grid >= 0) & (grid <= 1)).all() or family == "deepvit"  # re-attended maps are not probabilities

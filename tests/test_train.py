@@ -87,8 +87,14 @@ def test_a_distilled_deit_trains_on_its_averaged_heads(digits_loaders) -> None:
     train, test = digits_loaders
     torch.manual_seed(0)
     model = vitlab.create_model(
-        "deit_tiny_distilled_patch16_224", img_size=8, patch_size=4, in_chans=1, num_classes=10, embed_dim=32,
-        depth=1, num_heads=2,
+        "deit_tiny_distilled_patch16_224",
+        img_size=8,
+        patch_size=4,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=32,
+        depth=1,
+        num_heads=2,
     )
     history = fit(model, train, test, TrainConfig(epochs=1, warmup_epochs=0, progress=False))
     assert 0.0 <= history.test_acc[0] <= 1.0

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import vitlab
-from conftest import assert_same_logits, perturb_, random_images
-from vitlab.models.cvt import hf_config_fields
+from conftest import assert_same_logits, perturb_, random_images, require_reference
+from vitlab.references import hf_config_fields
 from vitlab.weights import load_checkpoint, load_pretrained, load_state_dict, save_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_safetensors_missing_gives_an_install_hint(tmp_path: Path, monkeypatch: 
 
 
 def test_load_pretrained_timm(monkeypatch: pytest.MonkeyPatch) -> None:
-    timm = pytest.importorskip("timm")
+    timm = require_reference("timm")
     torch.manual_seed(0)
     released = perturb_(timm.create_model("vit_tiny_patch16_224", pretrained=False)).eval()  # "released" weights
     calls = []
@@ -154,7 +154,7 @@ def test_load_pretrained_timm(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def released_cvt_13() -> torch.nn.Module:
     """A HF CvT-13 (as in test_cvt.py) with random "released" weights."""
-    transformers = pytest.importorskip("transformers")
+    transformers = require_reference("transformers")
     torch.manual_seed(0)
     config = transformers.CvtConfig(**hf_config_fields(vitlab.get_config("cvt_13")))
     return perturb_(transformers.CvtForImageClassification(config)).eval()
@@ -183,7 +183,7 @@ def test_load_pretrained_hf(
 
 
 def test_load_pretrained_without_reference_fails_before_downloading(monkeypatch: pytest.MonkeyPatch) -> None:
-    timm = pytest.importorskip("timm")
+    timm = require_reference("timm")
     monkeypatch.setattr(timm, "create_model", lambda *a, **k: pytest.fail("downloaded"))
     with pytest.raises(ValueError, match="'deepvit_s' has no 'timm' reference"):
         load_pretrained("deepvit_s")

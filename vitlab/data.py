@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -119,7 +120,7 @@ def load_digits(
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
 
-    bunch = sklearn_digits()
+    bunch: Any = sklearn_digits()  # a sklearn Bunch (typed as a tuple because of return_X_y)
     images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
     if image_size != 8:
         images = F.interpolate(images, size=(image_size, image_size), mode="bilinear", align_corners=False)
@@ -202,14 +203,12 @@ def make_loaders(
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     generator = torch.Generator().manual_seed(seed)
-    train = DataLoader(
-        splits.train, batch_size=batch_size, shuffle=True, generator=generator, num_workers=num_workers
-    )
+    train = DataLoader(splits.train, batch_size=batch_size, shuffle=True, generator=generator, num_workers=num_workers)
     test = DataLoader(splits.test, batch_size=max(batch_size, 256), shuffle=False, num_workers=num_workers)
     return train, test
 
 
 def first_batch(dataset: Dataset, n: int) -> tuple[Tensor, Tensor]:
     """The first ``n`` items of ``dataset`` stacked: images (n, C, H, W), labels (n,)."""
-    items = [dataset[i] for i in range(min(n, len(dataset)))]
+    items = [dataset[i] for i in range(min(n, len(dataset)))]  # pyright: ignore[reportArgumentType]
     return torch.stack([x for x, _ in items]), torch.tensor([int(y) for _, y in items])

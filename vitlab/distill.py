@@ -7,9 +7,9 @@ The losses follow the official ``facebookresearch/deit`` ``losses.py``:
 
 where ``cls`` are the logits of the class-token head and ``dist`` those of the
 distillation-token head (``head_dist``). The teacher supervises the *distillation*
-head; the class head only ever sees the true labels (ERRATA 7).
+head; the class head only ever sees the true labels (pitfall 7).
 
-Also here: :class:`SmallCNNTeacher`, a tiny convnet to play the teacher in the course.
+The course's teacher convnet is :class:`vitlab.teachers.SmallCNNTeacher`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitlab.teachers import SmallCNNTeacher  # re-exported: chapter 4 imports it from here
+
+__all__ = ["DistillationLoss", "SmallCNNTeacher", "hard_distillation_loss", "soft_distillation_loss"]
+
 
 def _check_logits(student_cls_logits: Tensor, student_dist_logits: Tensor, teacher_logits: Tensor) -> None:
-    named = {"student_cls_logits": student_cls_logits, "student_dist_logits": student_dist_logits,
-             "teacher_logits": teacher_logits}
+    named = {
+        "student_cls_logits": student_cls_logits,
+        "student_dist_logits": student_dist_logits,
+        "teacher_logits": teacher_logits,
+    }
     for name, t in named.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -77,7 +84,7 @@ def hard_distillation_loss(
     _check_logits(student_cls_logits, student_dist_logits, teacher_logits)
     base = F.cross_entropy(student_cls_logits, labels)
     teacher_labels = teacher_logits.detach().argmax(dim=-1)  # (B,)
-    distill = F.cross_entropy(student_dist_logits, teacher_labels)  # dist head, not cls head (ERRATA 7)
+    distill = F.cross_entropy(student_dist_logits, teacher_labels)  # dist head, not cls head (pitfall 7)
     return (1 - alpha) * base + alpha * distill
 
 
@@ -141,39 +148,3 @@ class DistillationLoss(nn.Module):
                 cls_logits, dist_logits, teacher_logits, labels, alpha=self.alpha, tau=self.tau
             )
         return hard_distillation_loss(cls_logits, dist_logits, teacher_logits, labels, alpha=self.alpha)
-
-
-class SmallCNNTeacher(nn.Module):
-    """A tiny convnet teacher for small grey images such as sklearn's 8x8 digits.
-
-    Two 3x3 conv-BN-ReLU layers, a 2x2 max pool, a third conv layer, global average
-    pooling and a linear head. Any input size of at least 2x2 works.
-
-    Shape: x (B, in_chans, H, W) -> (B, num_classes).
-    """
-
-    def __init__(self, in_chans: int = 1, num_classes: int = 10, width: int = 32) -> None:
-        super().__init__()
-        if in_chans <= 0 or num_classes <= 0 or width <= 0:
-            raise ValueError(
-                f"in_chans, num_classes and width must be positive, got {in_chans}, {num_classes}, {width}"
-            )
-        self.in_chans = in_chans
-
-        def conv(c_in: int, c_out: int) -> nn.Sequential:
-            return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
-
-        self.features = nn.Sequential(
-            conv(in_chans, width),  # (B, w, H, W)
-            conv(width, width),
-            nn.MaxPool2d(2),  # (B, w, H/2, W/2)
-            conv(width, 2 * width),  # (B, 2w, H/2, W/2)
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),  # (B, 2w)
-        )
-        self.head = nn.Linear(2 * width, num_classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(f"expected images of shape (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
-        return self.head(self.features(x))

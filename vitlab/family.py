@@ -7,6 +7,10 @@ registry is profiled without allocating a single weight. :data:`FAMILY_PROPERTIE
 choices of each family (the comparison table of the CvT paper, extended to all nine);
 ``tests/test_family.py`` checks each entry against the model code.
 
+Nothing about a family is written here: each paper file declares its ``FAMILY``
+(:class:`vitlab.contract.FamilyInfo`), and the tables below are gathered from the registry,
+in chapter order. Adding a family touches its model file, its tests and its chapter.
+
 :data:`TINY_CONFIGS` are teaching-size versions of every family for 32x32 images (the
 digits of :func:`vitlab.data.load_digits` upsampled): about 35k parameters each, paper
 strides kept, widths and depths cut.
@@ -14,72 +18,38 @@ strides kept, widths and depths cut.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitlab.layers import Attention
-from vitlab.layers.class_attention import ClassAttention
-from vitlab.models.cait import TalkingHeadAttn
-from vitlab.models.cvt import ConvAttention
-from vitlab.models.deepvit import ReAttention
-from vitlab.models.levit import LeViTAttention
-from vitlab.models.t2t_vit import TokenPerformer, TokenTransformer
+from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.registry import create_model, get_config, list_models, set_fused_attention
 from vitlab.utils import count_parameters
 
 
-@dataclass(frozen=True)
-class FamilyProperties:
-    """How a family turns an image into tokens and mixes them (CvT paper, Table 1, extended).
+def _family_infos() -> dict[str, FamilyInfo]:
+    """Family (model file) -> its ``FAMILY``, for every file in the registry, in chapter order."""
+    infos = {}
+    for name in list_models():
+        module = importlib.import_module(type(get_config(name)).__module__)
+        infos[module.__name__.rsplit(".", 1)[-1]] = module.FAMILY
+    return dict(sorted(infos.items(), key=lambda item: item[1].chapter))
 
-    ``main_model`` is the preset this chapter measures for speed; ``branches`` is 2 when
-    the token sequences run side by side (CrossViT) rather than one after another.
-    """
 
-    name: str
-    position_embedding: str
-    token_embedding: str
-    attention_projection: str
-    hierarchical: str
-    cite: str
-    main_model: str
-    branches: int = 1
-
+FAMILIES: dict[str, FamilyInfo] = _family_infos()
 
 # Chapter order. Each entry is checked against the code in tests/test_family.py.
-FAMILY_PROPERTIES: dict[str, FamilyProperties] = {
-    "vit": FamilyProperties("ViT", "learned, 1 + N", "non-overlapping (k16 s16)", "linear",
-                            "no", "dosovitskiy2021vit", "vit_small_patch16_224"),
-    "deit": FamilyProperties("DeiT", "learned, 1 + N (2 + N ⚗)", "non-overlapping (k16 s16)", "linear",
-                             "no", "touvron2021deit", "deit_small_patch16_224"),
-    "deepvit": FamilyProperties("DeepViT", "learned, 1 + N", "overlapping conv stem (k7 s2 … k8 s8)",
-                                "linear; re-attention mixes heads", "no", "zhou2021deepvit", "deepvit_s"),
-    "cait": FamilyProperties("CaiT", "learned, N (patches only)", "non-overlapping (k16 s16)",
-                             "linear; talking heads", "no (cls joins late)", "touvron2021cait", "cait_xxs24_224"),
-    "t2t_vit": FamilyProperties("T2T-ViT", "fixed sin-cos, 1 + N", "overlapping soft split (unfold k7 s4 …)",
-                                "linear", "partial (tokenization)", "yuan2021t2t", "t2t_vit_14"),
-    "crossvit": FamilyProperties("CrossViT", "learned, per branch", "non-overlapping, 2 patch sizes",
-                                 "linear; cls cross-attention", "no (2 branches)", "chen2021crossvit",
-                                 "crossvit_small_240", branches=2),
-    "pit": FamilyProperties("PiT", "learned spatial map (C, H, W)", "overlapping conv (k16 s8)", "linear",
-                            "yes (depthwise-conv pooling)", "heo2021pit", "pit_s_224"),
-    "levit": FamilyProperties("LeViT", "none (attention bias)", "overlapping conv stem (4x k3 s2)",
-                              "linear + BatchNorm", "yes (shrink attention)", "graham2021levit", "levit_128s"),
-    "cvt": FamilyProperties("CvT", "none", "overlapping conv (k7 s4, k3 s2)", "depthwise conv + BN, then linear",
-                            "yes (conv token embedding)", "wu2021cvt", "cvt_13"),
-}  # fmt: skip
+FAMILY_PROPERTIES: dict[str, FamilyProperties] = {family: info.properties for family, info in FAMILIES.items()}
 
 # The token mixers whose input length is "the tokens of a stage" (see attention_token_counts).
-TOKEN_MIXERS: tuple[type[nn.Module], ...] = (
-    Attention, ClassAttention, ReAttention, TalkingHeadAttn, TokenTransformer, TokenPerformer,
-    LeViTAttention, ConvAttention,
-)  # fmt: skip
+TOKEN_MIXERS: tuple[type[nn.Module], ...] = tuple(
+    dict.fromkeys(mixer for info in FAMILIES.values() for mixer in info.token_mixers)
+)
 
 
 def family_of(model_name: str) -> str:
@@ -111,7 +81,7 @@ def _profile(model: nn.Module, input_size: tuple[int, ...]) -> tuple[Counter[str
     """
     if len(input_size) != 4:
         raise ValueError(f"input_size must be (B, C, H, W), got {tuple(input_size)}")
-    fused = {m: m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")}
+    fused = {m: m.fused_attn for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)}
     grads = {p: p.requires_grad for p in model.parameters()}
     modes = {m: m.training for m in model.modules()}
     tokens: list[int] = []
@@ -240,27 +210,17 @@ def images_per_second(
 # ---------------------------------------------------------------- tiny versions for digits
 
 TINY_IMAGE_SIZE = 32  # digits upsampled from 8x8 (vitlab.data.load_digits(image_size=32))
-# family -> (preset, overrides). Every stem keeps its paper stride, so a 32 px image ends as
-# a 2x2 token grid in every family (14x14 at 224 px), except where noted. Widths and depths
-# are cut to about 35k parameters; mlp ratios, head dims of 8-16 and layer types are kept.
+# family -> (preset, overrides), from each model file's ``FAMILY.tiny``. Every stem keeps its
+# paper stride, so a 32 px image ends as a 2x2 token grid in every family (14x14 at 224 px),
+# except where noted. Widths and depths are cut to about 35k parameters; mlp ratios, head dims
+# of 8-16 and layer types are kept.
 # NOTE(paper): CrossViT's small branch uses patch 8 (32 px is not a multiple of 12) and one
 # multi-scale encoder instead of three. PiT's stem (k16 s8) gives a 3x3 grid, pooled to 2x2
 # and 1x1. LeViT's stages run at 2x2, 1x1, 1x1 (its stride-16 stem is fixed). DeepViT's stem
 # has 6 channels, not 64: 64 would hold 4x the parameters of the whole tiny model (its k8 s8
 # conv alone has 64 * 64 * D). CvT keeps its paper embeddings (k7 s4, k3 s2, k3 s2):
 # 8x8 -> 4x4 -> 2x2.
-TINY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "vit": ("vit_tiny_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
-    "deit": ("deit_tiny_distilled_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
-    "deepvit": ("deepvit_s", dict(embed_dim=32, stem_dim=6, depth=2, num_heads=2, num_reattention_blocks=1)),
-    "cait": ("cait_xxs24_224", dict(patch_size=16, embed_dim=24, depth=2, num_heads=2, init_values=None)),
-    "t2t_vit": ("t2t_vit_14", dict(token_dim=14, embed_dim=32, depth=2, num_heads=2)),
-    "crossvit": ("crossvit_tiny_240", dict(branch_img_size=(32, 32), patch_size=(8, 16), embed_dim=(16, 26),
-                                          num_encoders=1, depth=(1, 2), num_heads=(2, 2))),
-    "pit": ("pit_ti_224", dict(base_dims=(8, 8, 8), depth=(1, 2, 2), heads=(1, 2, 4))),
-    "levit": ("levit_128s", dict(embed_dim=(16, 24, 32), key_dim=8, num_heads=(2, 2, 3), depth=(1, 1, 1))),
-    "cvt": ("cvt_13", dict(embed_dims=(16, 24, 30), depths=(1, 1, 1), num_heads=(1, 2, 2))),
-}  # fmt: skip
+TINY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {family: info.tiny for family, info in FAMILIES.items()}
 
 
 def tiny_model(family: str, *, in_chans: int = 1, num_classes: int = 10) -> nn.Module:
@@ -272,8 +232,5 @@ def tiny_model(family: str, *, in_chans: int = 1, num_classes: int = 10) -> nn.M
     if family not in TINY_CONFIGS:
         raise ValueError(f"unknown family {family!r}; expected one of {list(TINY_CONFIGS)}")
     preset, overrides = TINY_CONFIGS[family]
-    model = create_model(
-        preset, img_size=TINY_IMAGE_SIZE, in_chans=in_chans, num_classes=num_classes, **overrides
-    )
+    model = create_model(preset, img_size=TINY_IMAGE_SIZE, in_chans=in_chans, num_classes=num_classes, **overrides)
     return model
-

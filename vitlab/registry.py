@@ -64,12 +64,20 @@ def get_config(name: str, **overrides: Any) -> Any:
     return dataclasses.replace(config, **overrides)
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
+def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Module:
     """Build a registered model, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
 
     Weights are randomly initialised; load a reference's weights with
-    :func:`convert_state_dict`.
+    :func:`convert_state_dict`. ``pretrained=True`` loads the released weights through
+    the reference's hub (timm, or Hugging Face for CvT; needs the internet or a cached
+    copy); see :mod:`vitlab.pretrained`.
     """
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
+    if pretrained:
+        from vitlab.pretrained import load_released  # imported here: vitlab.pretrained imports this module
+
+        return load_released(name, **overrides)
     module = _module_for(name)
     return module.MODEL(get_config(name, **overrides))
 
@@ -99,6 +107,6 @@ def set_fused_attention(model: nn.Module, flag: bool) -> nn.Module:
     if not isinstance(flag, bool):
         raise TypeError(f"flag must be a bool, got {type(flag).__name__}")
     for module in model.modules():
-        if hasattr(module, "fused_attn"):
-            module.fused_attn = flag
+        if isinstance(getattr(module, "fused_attn", None), bool):  # the layers with both paths
+            setattr(module, "fused_attn", flag)
     return model

@@ -16,13 +16,14 @@ The class token's row, reshaped to the patch grid, is the usual picture.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
 
-from vitlab.layers import collect_attention_maps
+from vitlab.contract import VisionModel
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -116,6 +117,19 @@ def cls_rollout_map(rollout: Tensor, grid_size: tuple[int, int], num_prefix_toke
     return rollout[:, 0, num_prefix_tokens:].reshape(-1, h, w)
 
 
+def _grid_of(num_tokens: int, num_prefix_tokens: int | None) -> tuple[tuple[int, int], int]:
+    """A square patch grid and the prefix tokens before it: 197 tokens -> (14, 14), 1."""
+    prefixes = [num_prefix_tokens] if num_prefix_tokens is not None else [1, 2, 0]
+    for prefix in prefixes:
+        side = math.isqrt(max(num_tokens - prefix, 0))
+        if side > 0 and side * side == num_tokens - prefix:
+            return (side, side), prefix
+    raise ValueError(
+        f"cannot place {num_tokens} tokens on a square patch grid after {num_prefix_tokens} prefix token(s); "
+        f"pass num_prefix_tokens"
+    )
+
+
 @torch.no_grad()
 def model_rollout(
     model: nn.Module,
@@ -124,16 +138,38 @@ def model_rollout(
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
     add_residual: bool = True,
+    num_prefix_tokens: int | None = None,
 ) -> Tensor:
-    """Rollout of the class token of a ViT-like model (``embed`` then ``blocks``; ViT, DeiT),
-    on its patch grid. The model is put in eval mode.
+    """Rollout of the class token of any :class:`~vitlab.contract.VisionModel`, on its patch grid.
 
-    Shape: images (B, C, H, W) -> (B, h, w), the patch grid.
+    The maps come from ``model.get_attention_maps``; the rollout runs over the maps of the
+    last stage (the last maps of one shape, which must be square): every block of a ViT,
+    DeiT, DeepViT or T2T-ViT backbone, the last stage of PiT and LeViT. CaiT and CrossViT
+    (a single-query map last) and CvT (keys squeezed by ``stride_kv``) raise a ``ValueError``:
+    their last maps are not square, and rolling them out needs a rule of its own. The prefix tokens
+    (cls, dist) are found from the token count unless ``num_prefix_tokens`` is given; with
+    no prefix token (LeViT) the row of token 0 is the first patch's, not a class token's.
+    The model is put in eval mode.
+
+    Shape: images (B, C, H, W) -> (B, h, w), the token grid of those maps.
     """
-    if not (hasattr(model, "embed") and hasattr(model, "blocks") and hasattr(model, "patch_embed")):
-        raise TypeError(f"expected a ViT-like model with embed, blocks and patch_embed, got {type(model).__name__}")
+    if not isinstance(model, VisionModel):
+        raise TypeError(
+            f"expected a vitlab model (forward_features, forward_head, get_attention_maps), got {type(model).__name__}"
+        )
     model.eval()
-    maps = collect_attention_maps(model.embed(images), model.blocks)
-    rollout = attention_rollout(maps, head_fusion=head_fusion, discard_ratio=discard_ratio, add_residual=add_residual)
-    prefix = rollout.shape[-1] - model.patch_embed.num_patches
-    return cls_rollout_map(rollout, model.patch_embed.grid_size, prefix)
+    maps = cast(VisionModel, model).get_attention_maps(images)
+    last = maps[-1]
+    if last.shape[-1] != last.shape[-2]:
+        raise ValueError(
+            f"{type(model).__name__}'s last attention map is not square, {tuple(last.shape)}: the rollout "
+            f"needs the last stage's maps to be (B, h, N, N)"
+        )
+    run = [last]  # the last stage: the maps of the last shape, back to the first that differs
+    for attn in reversed(maps[:-1]):
+        if attn.shape != last.shape:
+            break
+        run.insert(0, attn)
+    rollout = attention_rollout(run, head_fusion=head_fusion, discard_ratio=discard_ratio, add_residual=add_residual)
+    grid, prefix = _grid_of(rollout.shape[-1], num_prefix_tokens)
+    return cls_rollout_map(rollout, grid, prefix)

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -178,7 +179,7 @@ def fit(model: nn.Module, train_loader: DataLoader, test_loader: Iterable, confi
     use_fp16 = config.amp and device.type == "cuda" and not torch.cuda.is_bf16_supported()
     scaler = torch.amp.GradScaler(device.type, enabled=use_fp16)
     history = History()
-    epochs = range(1, config.epochs + 1)
+    epochs: Any = range(1, config.epochs + 1)  # a tqdm bar over it with config.progress
     if config.progress:
         from tqdm.auto import tqdm
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,7 +38,7 @@ def _import_safetensors():
     return safetensors.torch
 
 
-def _checked(obj: object, path: Path) -> dict[str, Tensor]:
+def _checked(obj: Any, path: Path) -> dict[str, Tensor]:
     """``obj`` as a state dict (unwrapped from ``{"model": ...}``), or a TypeError."""
     if not isinstance(obj, dict):
         raise TypeError(f"{path} holds a {type(obj).__name__}, expected a state dict (a dict of str -> Tensor)")

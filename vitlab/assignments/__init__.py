@@ -4,7 +4,8 @@ From the command line (``python -m vitlab.assignments --help``)::
 
     python -m vitlab.assignments validate notebooks/
     python -m vitlab.assignments student notebooks/ --out student/
-    python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300
+    python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300 \
+        --cell-timeout 60 --gradebook gradebook.csv --feedback feedback/
 
 An instructor notebook marks its exercises with cell tags (``exercise``, ``solution``,
 ``check``, ``answer``; see :mod:`vitlab.assignments.exercises`). ``nbformat`` and
@@ -12,8 +13,24 @@ An instructor notebook marks its exercises with cell tags (``exercise``, ``solut
 not need them.
 """
 
-from vitlab.assignments.exercises import AssignmentError, Exercise, NotebookReport, find_notebooks, inspect_notebook
-from vitlab.assignments.grade import ExerciseResult, NotebookResult, grade, grade_notebook, write_csv, write_json
+from vitlab.assignments.exercises import (
+    AssignmentError,
+    Exercise,
+    NotebookReport,
+    find_notebooks,
+    inspect_notebook,
+)
+from vitlab.assignments.grade import (
+    ExerciseResult,
+    NotebookResult,
+    grade,
+    grade_notebook,
+    student_id,
+    write_csv,
+    write_feedback,
+    write_gradebook,
+    write_json,
+)
 from vitlab.assignments.student import StudentCopy, make_student, student_notebook
 
 __all__ = [
@@ -28,7 +45,10 @@ __all__ = [
     "grade_notebook",
     "inspect_notebook",
     "make_student",
+    "student_id",
     "student_notebook",
     "write_csv",
+    "write_feedback",
+    "write_gradebook",
     "write_json",
 ]

@@ -6,15 +6,29 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from vitlab.assignments.exercises import AssignmentError, find_notebooks, inspect_notebook
-from vitlab.assignments.grade import CSV_COLUMNS, grade, summary, write_csv, write_json
+from vitlab.assignments.exercises import (
+    AssignmentError,
+    find_notebooks,
+    inspect_notebook,
+)
+from vitlab.assignments.grade import (
+    CSV_COLUMNS,
+    DEFAULT_ID_PATTERN,
+    grade,
+    summary,
+    write_csv,
+    write_feedback,
+    write_gradebook,
+    write_json,
+)
 from vitlab.assignments.student import make_student
-
 
 EXAMPLES = """examples:
   python -m vitlab.assignments validate notebooks/
   python -m vitlab.assignments student notebooks/ --out student/
   python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300
+  python -m vitlab.assignments grade submissions/ --out results.csv --gradebook gradebook.csv \
+      --feedback feedback/ --cell-timeout 60 --timeout 300
 
 More in the book's page "For instructors" (book/instructors.md)."""
 
@@ -37,7 +51,8 @@ def validate(args: argparse.Namespace) -> int:
         print(f"{path}: {found}" + (f", {_plural(len(problems), 'problem')}" if problems else ""))
         for ex in report.exercises:
             cells = f"cells {ex.stub_cell}, {ex.solution_cell}, {ex.check_cell}"
-            print(f"  {ex.function} -> vitlab.checks.{ex.check}  ({cells})")
+            worth = f"{ex.points:g} point{'' if ex.points == 1 else 's'}"
+            print(f"  {ex.function} -> vitlab.checks.{ex.check}  ({cells}; {worth})")
         for line in problems:
             print(f"  error: {line}")
         for line in [] if args.strict else report.warnings:
@@ -61,17 +76,35 @@ def student(args: argparse.Namespace) -> int:
 
 
 def grade_command(args: argparse.Namespace) -> int:
+    import re
+
+    try:
+        re.compile(args.id_pattern)
+    except re.error as exc:
+        raise AssignmentError(f"--id-pattern is not a regular expression: {exc}") from exc
+    if args.cell_timeout is not None and args.cell_timeout <= 0:
+        raise AssignmentError("--cell-timeout must be > 0 seconds")
     paths = [path for path, _ in find_notebooks(args.submissions)]
     results = []
-    for result in grade(paths, timeout=args.timeout, jobs=args.jobs):
+    settings = {"cell_timeout": args.cell_timeout, "all_or_nothing": args.all_or_nothing, "id_pattern": args.id_pattern}
+    for result in grade(paths, timeout=args.timeout, jobs=args.jobs, **settings):
         print(summary(result), flush=True)
         results.append(result)
     write_csv(results, args.out)
+    written = [args.out]
     if args.json:
-        write_json(results, args.json, args.timeout)
+        write_json(results, args.json, args.timeout, **settings)
+        written.append(args.json)
+    if args.gradebook:
+        write_gradebook(results, args.gradebook, args.id_column)
+        written.append(args.gradebook)
+    if args.feedback:
+        files = write_feedback(results, args.feedback, args.feedback_format)
+        written.append(f"{_plural(len(files), 'feedback file')} in {args.feedback}")
     passed, total = sum(r.passed for r in results), sum(r.total for r in results)
-    print(f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed; "
-          f"rows in {args.out}" + (f" and {args.json}" if args.json else ""))
+    score, best = sum(r.score for r in results), sum(r.max_score for r in results)
+    print(f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed, "
+          f"{score:g}/{best:g} points; written: {', '.join(map(str, written))}")
     return 0
 
 
@@ -99,7 +132,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, metavar="CSV", help=f"results, columns: {', '.join(CSV_COLUMNS)}")
     p.add_argument("--json", metavar="JSON", help="also write the results, with each notebook's summary, as JSON")
     p.add_argument("--timeout", type=float, default=300, help="seconds for a whole notebook (default 300)")
+    p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds for one cell; a cell past it is interrupted and the run goes on (default: none)")
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at the same time (default 1)")
+    p.add_argument("--all-or-nothing", action="store_true",
+                   help="an exercise scores its points only if every case passes (default: points x fraction passed)")
+    p.add_argument("--gradebook", metavar="CSV", help="also write one row per student: id, a score per exercise, total")
+    p.add_argument("--id-column", default="student_id", metavar="NAME",
+                   help="the gradebook's id column header, e.g. 'SIS User ID' (Canvas), 'SID' (default student_id)")
+    p.add_argument("--id-pattern", default=DEFAULT_ID_PATTERN, metavar="REGEX",
+                   help="regular expression for the student id in the file name: group 'id', or group 1, or the "
+                        "whole match; no match: the whole file name (default %(default)r)")
+    p.add_argument("--feedback", metavar="DIR", help="also write one feedback file per submission into DIR")
+    p.add_argument("--feedback-format", choices=("md", "html"), default="md",
+                   help="feedback as Markdown or HTML (default md)")
     p.set_defaults(run=grade_command)
 
     args = parser.parse_args(argv)

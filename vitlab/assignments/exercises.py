@@ -4,7 +4,9 @@ An "implement it" exercise is three code cells (markdown may sit between them):
 
 * the stub, tagged ``exercise``: ``def fn(...): ... raise NotImplementedError``;
 * the solution, tagged ``solution``: the same function, complete;
-* the check, tagged ``check``: one call, ``vitlab.checks.<check>(fn);``.
+* the check, tagged ``check``: one call, ``vitlab.checks.<check>(fn);``. Its cell
+  metadata may give the exercise's points, ``{"vitlab": {"points": 2}}`` (default 1;
+  nbgrader's ``{"nbgrader": {"points": 2}}`` is read too).
 
 A question is an untagged markdown cell followed by its answer, a markdown cell tagged
 ``answer``. The student copy drops every ``solution`` and ``answer`` cell, so this module
@@ -35,15 +37,36 @@ class AssignmentError(ValueError):
     """An instructor notebook that does not follow the exercise format (the message says where)."""
 
 
+DEFAULT_POINTS = 1.0
+
+
 @dataclass(frozen=True)
 class Exercise:
-    """One "implement it" exercise: cell indices of its stub, solution and check."""
+    """One "implement it" exercise: cell indices of its stub, solution and check, and its points."""
 
     function: str
     check: str
     stub_cell: int
     solution_cell: int
     check_cell: int
+    points: float = DEFAULT_POINTS
+
+
+def points(cell: dict[str, Any]) -> float:
+    """The points of a check cell: ``metadata.vitlab.points``, else ``metadata.nbgrader.points``, else 1.
+
+    Raises:
+        AssignmentError: the value is not a number >= 0.
+    """
+    metadata = cell.get("metadata", {})
+    for owner in ("vitlab", "nbgrader"):
+        value = (metadata.get(owner) or {}).get("points")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise AssignmentError(f"metadata {owner}.points must be a number >= 0, got {value!r}")
+        return float(value)
+    return DEFAULT_POINTS
 
 
 @dataclass
@@ -266,7 +289,12 @@ def _exercise_at(
             "(so that its check prints TODO, not FAIL)"
         )
     _check_the_check(cells[check_index], check_index, check, report)
-    return Exercise(function, check, stub_index, index, check_index)
+    try:
+        worth = points(cells[check_index])
+    except AssignmentError as exc:
+        report.errors.append(f"cell {check_index}: {exc}")
+        worth = DEFAULT_POINTS
+    return Exercise(function, check, stub_index, index, check_index, worth)
 
 
 def _check_the_check(cell: dict[str, Any], index: int, check: str, report: NotebookReport) -> None:
@@ -278,8 +306,9 @@ def _check_the_check(cell: dict[str, Any], index: int, check: str, report: Noteb
         report.errors.append(f"cell {index}: a check cell runs exactly one check")
     # A check's result displays nothing (CheckResult._ipython_display_), so both
     # `vitlab.checks.x(fn);` and `result = vitlab.checks.x(fn)` show only the check's line.
-    printed = "".join(
-        "".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream"
+    printed = "".join(  # printed, or shown as display data by a grader's kernel (text/plain)
+        "".join(o.get("text", "") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", ""))
+        for o in cell.get("outputs", [])
     )
     if cell.get("outputs") and not re.search(rf"^PASS {re.escape(check)}\b", printed, re.MULTILINE):
         report.errors.append(

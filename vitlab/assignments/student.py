@@ -1,11 +1,12 @@
 """Student copies of instructor notebooks: no solutions, no answers, no outputs, no stray metadata.
 
 Kept: every other cell, with its source; the tags ``exercise`` and ``check`` (the grader
-finds checks by them) and ``raises-exception``; markdown attachments that the cell's text
-uses. Dropped: cells tagged ``solution`` or ``answer``, all outputs and execution counts,
-every other cell metadata (``execution``, ``collapsed``, ``scrolled``, ``jupyter``, display
-tags such as ``hide-input``) and all notebook metadata except ``kernelspec`` and
-``language_info``.
+finds checks by them) and ``raises-exception``; a check cell's points
+(``metadata.vitlab.points``, written as such even when the instructor used nbgrader's
+key); markdown attachments that the cell's text uses. Dropped: cells tagged ``solution``
+or ``answer``, all outputs and execution counts, every other cell metadata
+(``execution``, ``collapsed``, ``scrolled``, ``jupyter``, display tags such as
+``hide-input``) and all notebook metadata except ``kernelspec`` and ``language_info``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from typing import Any
 from vitlab.assignments.exercises import (
     ANSWER,
     CHECK,
+    DEFAULT_POINTS,
     EXERCISE,
     SOLUTION,
     AssignmentError,
     Exercise,
     find_notebooks,
     inspect_notebook,
+    points,
     source,
     tags,
 )
@@ -48,10 +51,15 @@ def _scrub(cell: dict[str, Any]) -> dict[str, Any]:
     """A fresh copy of a cell that keeps only what a student needs."""
     text = source(cell)
     clean: dict[str, Any] = {"cell_type": cell["cell_type"]}
+    metadata: dict[str, Any] = {}
     if "id" in cell:
         clean["id"] = cell["id"]
     kept = [t for t in tags(cell) if t in KEEP_TAGS]
-    clean["metadata"] = {"tags": kept} if kept else {}
+    if kept:
+        metadata["tags"] = kept
+    if CHECK in kept and cell.get("cell_type") == "code" and points(cell) != DEFAULT_POINTS:
+        metadata["vitlab"] = {"points": points(cell)}
+    clean["metadata"] = metadata
     clean["source"] = text
     if cell["cell_type"] == "code":
         clean["execution_count"] = None

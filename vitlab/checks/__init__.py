@@ -4,9 +4,12 @@ An exercise is three cells: a stub (``raise NotImplementedError``), the solution
 check cell such as ``vitlab.checks.scaled_dot_product_attention(my_attention);``. Each
 check runs the function on a few seeded CPU cases against the reference, prints one
 line (``PASS ...``, ``FAIL ...`` naming the case and what differs, or ``TODO ...: not
-implemented yet``) and returns a :class:`CheckResult`, truthy only when passed. A
-wrong answer that matches a known one (ERRATA.md) is named. A check never raises on
-the student's behalf. The result displays nothing, so a cell shows the line only.
+implemented yet``) and returns a :class:`CheckResult`, truthy only when passed. Every
+case runs: ``result.fraction`` is the share that match, a grader's partial credit. A
+wrong answer that matches a known one (a pitfall of book/pitfalls.md) is named. A check
+never raises on the student's behalf. The result displays nothing, so a cell shows the
+line only; under the grader (``VITLAB_CHECK_DATA=1``) the line comes as display data
+with the result as JSON (:mod:`vitlab.checks._core`).
 
 Signatures of the functions under test (two are fixed for graders and other tools:
 ``scaled_dot_product_attention`` and ``t2t_token_count``):
@@ -20,12 +23,16 @@ Signatures of the functions under test (two are fixed for graders and other tool
 * ``hard_distillation_loss(fn)``: ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=0.5)``
 * ``soft_distillation_loss(fn)``: ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=, tau=)``
 * ``re_attention(fn)``: ``fn(attn (B,H,N,N), theta (H,H)) -> (B, H, N, N)``, before the norm
+* ``re_attention_map(fn)``: ``fn(scores (B,H,N,N), theta (H,H), bn BatchNorm2d(H)) -> (B, H, N, N)``
 * ``layer_scale_init(fn)``: ``fn(layer_index, depth) -> float``
 * ``class_attention(fn)``: ``fn(x (B,1+N,C), wq, wk, wv (C,C), num_heads) -> (B, 1, C)``
+* ``cross_attention_fusion(fn)``: ``fn(x, other, f, g, wq, wk, wv, wo, num_heads) -> (B, 1+N_i, C_i)``
 * ``t2t_token_count(fn)``: ``fn(size, kernel, stride, padding) -> int``
 * ``soft_split(fn)``: ``fn(x (B,C,H,W), kernel, stride, padding) -> (B, L, C*k*k)``
 * ``squeezed_kv_projection(fn)``: ``fn(x (B,H*W,C), grid_size, weight (C,1,k,k), stride) -> (B, H'*W', C)``
+* ``cvt_conv_attention(fn)``: ``fn(x (B,T+H*W,C), grid_size, attn ConvAttention) -> (B, T+H*W, C)``
 * ``pit_pooling(fn)``: ``fn(x (B,C,H,W), weight (2C,1,3,3), bias (2C,)) -> (B, 2C, H', W')``
+* ``pit_pooling_stage(fn)``: ``fn(tokens (B,1+H*W,C), grid_size, conv_w, conv_b, fc_w, fc_b) -> (B, 1+H'*W', 2C)``
 * ``levit_bias_indices(fn)``: ``fn(resolution) -> (r*r, r*r)`` integer tensor
 * ``levit_attention_logits(fn)``: ``fn(q, k, bias, scale) -> (B, h, N_q, N_k)``
 * ``encoder_block_macs(fn)``: ``fn(tokens, dim, mlp_ratio) -> int``, MACs of one ViT block
@@ -39,14 +46,15 @@ Each check's docstring defines its function exactly.
 from vitlab.checks._core import CheckResult
 from vitlab.checks.attention import scaled_dot_product_attention, split_heads
 from vitlab.checks.cait import class_attention, layer_scale_init
-from vitlab.checks.cvt import squeezed_kv_projection
-from vitlab.checks.deepvit import re_attention
+from vitlab.checks.crossvit import cross_attention_fusion
+from vitlab.checks.cvt import cvt_conv_attention, squeezed_kv_projection
+from vitlab.checks.deepvit import re_attention, re_attention_map
 from vitlab.checks.deit import hard_distillation_loss, soft_distillation_loss
 from vitlab.checks.encoder import encoder_block, vit_param_count
 from vitlab.checks.family import attention_macs, encoder_block_macs
 from vitlab.checks.levit import levit_attention_logits, levit_bias_indices
 from vitlab.checks.patches import patchify, unpatchify
-from vitlab.checks.pit import pit_pooling
+from vitlab.checks.pit import pit_pooling, pit_pooling_stage
 from vitlab.checks.t2t import soft_split, t2t_token_count
 from vitlab.checks.training import attention_rollout, warmup_cosine
 
@@ -55,6 +63,8 @@ __all__ = [
     "attention_macs",
     "attention_rollout",
     "class_attention",
+    "cross_attention_fusion",
+    "cvt_conv_attention",
     "encoder_block",
     "encoder_block_macs",
     "hard_distillation_loss",
@@ -63,7 +73,9 @@ __all__ = [
     "levit_bias_indices",
     "patchify",
     "pit_pooling",
+    "pit_pooling_stage",
     "re_attention",
+    "re_attention_map",
     "scaled_dot_product_attention",
     "soft_distillation_loss",
     "soft_split",

@@ -1,9 +1,10 @@
 """The machinery every exercise check shares.
 
-A check runs the student's function on a few fixed, seeded cases (CPU tensors), compares
-each answer with the reference, and stops at the first case that differs. Before it
-reports the difference it compares the answer with the *known wrong answers* (the bugs
-of ERRATA.md and other classic slips); an answer that matches one is named in words.
+A check runs the student's function on a few fixed, seeded cases (CPU tensors) and
+compares each answer with the reference. It runs every case (the fraction that match is
+the partial credit a grader gives) and reports the first case that differs. Before it
+reports the difference it compares the answer with the *known wrong answers* (the
+course's pitfalls and other classic slips); an answer that matches one is named in words.
 
 It prints exactly one line and returns a :class:`CheckResult`, truthy only when passed:
 
@@ -15,12 +16,22 @@ A check never raises because of the student's code: a wrong answer, a crash, or
 ``NotImplementedError`` become a failed result, so a notebook keeps running. Printing is
 the point of these functions (they are the output of a notebook cell); the rest of
 ``vitlab`` never prints.
+
+Results as data: when the environment variable ``VITLAB_CHECK_DATA`` is ``1`` (the
+grader, ``python -m vitlab.assignments grade``, sets it for the kernels it starts) and
+the check runs in IPython, the line is shown as display data instead of printed: the
+same line as ``text/plain`` next to :meth:`CheckResult.to_dict` as
+``application/vnd.vitlab.check+json`` (:data:`DATA_MIME`). Without it a check prints
+to stdout, so the outputs stored in the course notebooks stay as they are (nbval
+compares a stdout stream and a ``text/plain`` display as different outputs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +40,10 @@ import torch
 from torch import Tensor
 
 Status = Literal["passed", "failed", "not implemented"]
+
+DATA_MIME = "application/vnd.vitlab.check+json"  # the MIME type of a result as data
+DATA_VERSION = 1  # the version of CheckResult.to_dict's layout
+DATA_ENV = "VITLAB_CHECK_DATA"  # "1": show results as display data (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -40,7 +55,9 @@ class CheckResult:
         status: ``"passed"``, ``"failed"`` or ``"not implemented"``.
         message: the line the check printed.
         case: the label of the case that failed (``None`` when passed).
-        erratum: the ERRATA.md number of the recognised wrong answer, if any.
+        erratum: the pitfall number of the recognised wrong answer, if any.
+        cases_passed: how many cases matched the reference (``None``: not counted).
+        cases_total: how many cases the check ran (``None``: not counted).
     """
 
     name: str
@@ -48,10 +65,33 @@ class CheckResult:
     message: str
     case: str | None = None
     erratum: int | None = None
+    cases_passed: int | None = None
+    cases_total: int | None = None
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
+
+    @property
+    def fraction(self) -> float:
+        """The share of cases that matched, 0 to 1: the partial credit (1 or 0 if not counted)."""
+        if self.cases_total:
+            return (self.cases_passed or 0) / self.cases_total
+        return 1.0 if self.passed else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data, the same on every run and device (no floats but the fraction)."""
+        return {
+            "version": DATA_VERSION,
+            "name": self.name,
+            "status": self.status,
+            "message": self.message,
+            "case": self.case,
+            "pitfall": self.erratum,
+            "cases_passed": self.cases_passed,
+            "cases_total": self.cases_total,
+            "fraction": self.fraction,
+        }
 
     def __bool__(self) -> bool:
         return self.passed
@@ -239,28 +279,58 @@ def _evaluate(
     expect: Expect,
 ) -> CheckResult:
     if not callable(fn):
-        return CheckResult(name, "failed", f"FAIL {name}: expected a function to check, got {type(fn).__name__}")
+        return CheckResult(
+            name, "failed", f"FAIL {name}: expected a function to check, got {type(fn).__name__}",
+            cases_passed=0, cases_total=len(cases),
+        )  # fmt: skip
     answers: dict[int, Any] = {}
+    first: CheckResult | None = None  # the result the first differing case gives
+    passed = 0
     for number, case in enumerate(cases):
         where = f"case {number + 1}/{len(cases)}: {case.label}"
         expected = _call(reference, case)
         try:
             answers[number] = _call(fn, case)
         except NotImplementedError:
-            at = "" if number == 0 else f" [{where}]"
-            return CheckResult(name, "not implemented", f"TODO {name}{at}: not implemented yet", case=case.label)
+            if first is None:
+                at = "" if number == 0 else f" [{where}]"
+                first = CheckResult(name, "not implemented", f"TODO {name}{at}: not implemented yet", case=case.label)
+            continue
         except Exception as exc:  # noqa: BLE001 - any crash of the student's code is a failed check
-            return CheckResult(name, "failed", f"FAIL {name} [{where}]: raised {_one_line(exc)}", case=case.label)
+            if first is None:
+                first = CheckResult(name, "failed", f"FAIL {name} [{where}]: raised {_one_line(exc)}", case=case.label)
+            continue
         what = problem(answers[number], expected, expect)
         if what is None:
+            passed += 1
             continue
+        if first is not None:
+            continue  # the message names the first differing case only
         wrong = _known_wrong(number, answers, fn, cases, known_wrong, expect)
         if wrong is not None:
-            tag = f"ERRATA {wrong.erratum}" if wrong.erratum is not None else "a known mistake"
+            tag = f"Pitfall {wrong.erratum}" if wrong.erratum is not None else "a known mistake"
             message = f"FAIL {name} [{where}]: {tag}: {wrong.message}"
-            return CheckResult(name, "failed", message, case=case.label, erratum=wrong.erratum)
-        return CheckResult(name, "failed", f"FAIL {name} [{where}]: {what}", case=case.label)
-    return CheckResult(name, "passed", f"PASS {name}: all {len(cases)} cases match the reference")
+            first = CheckResult(name, "failed", message, case=case.label, erratum=wrong.erratum)
+        else:
+            first = CheckResult(name, "failed", f"FAIL {name} [{where}]: {what}", case=case.label)
+    if first is None:
+        first = CheckResult(name, "passed", f"PASS {name}: all {len(cases)} cases match the reference")
+    return dataclasses.replace(first, cases_passed=passed, cases_total=len(cases))
+
+
+def show(result: CheckResult) -> None:
+    """Show a result's line: printed, or as display data with the result's JSON (see the module docstring)."""
+    if os.environ.get(DATA_ENV) == "1":
+        try:
+            from IPython.core.getipython import get_ipython
+            from IPython.display import display
+        except ImportError:  # pragma: no cover - the grader's kernels always have IPython
+            pass
+        else:
+            if get_ipython() is not None:
+                display({"text/plain": result.message, DATA_MIME: result.to_dict()}, raw=True)
+                return
+    print(result.message)
 
 
 def run_check(
@@ -271,13 +341,22 @@ def run_check(
     *,
     known_wrong: Sequence[KnownWrong] = (),
     expect: Expect = Expect(),
+    pass_note: str = "",
 ) -> CheckResult:
-    """Run ``fn`` on every case against ``reference``; print one line; return the result.
+    """Run ``fn`` on every case against ``reference``; show one line; return the result.
 
-    The known wrong answers are tried on the first case that differs; the one the answer
-    matches is reported (the first in order that matches on every case, if several match
-    on that one).
+    ``pass_note`` is added to a PASS line after a space, e.g. ``"(the check compares
+    values only: it cannot tell whether you used F.unfold)"``. A check that builds its
+    result another way (``_evaluate`` then :func:`dataclasses.replace`) shows it with
+    :func:`show`, so that a grader still gets the result as data.
+
+    Every case runs, so the result counts the cases that match (``cases_passed`` of
+    ``cases_total``, the partial credit); the line names the first case that differs. The
+    known wrong answers are tried on that case; the one the answer matches is reported
+    (the first in order that matches on every case, if several match on that one).
     """
     result = _evaluate(name, fn, cases, reference, known_wrong, expect)
-    print(result.message)
+    if pass_note and result.passed:
+        result = dataclasses.replace(result, message=f"{result.message} {pass_note.strip()}")
+    show(result)
     return result

@@ -34,7 +34,7 @@ def _wrong(message: str, erratum: int | None = None, **knobs: Any) -> KnownWrong
 
     def fn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         d, D = q.shape[-1], q.shape[1] * q.shape[-1]
-        values = {key: value(d, D) if callable(value) else value for key, value in knobs.items()}
+        values: dict[str, Any] = {key: value(d, D) if callable(value) else value for key, value in knobs.items()}
         return _attention(q, k, v, mask, **values)
 
     return KnownWrong(fn, message, erratum)

@@ -1,4 +1,4 @@
-"""Checks for the CaiT chapter: LayerScale's initial value (ERRATA 8) and class-attention."""
+"""Checks for the CaiT chapter: LayerScale's initial value (pitfall 8) and class-attention."""
 
 from __future__ import annotations
 
@@ -91,8 +91,8 @@ def class_attention(fn: Callable[..., Any]) -> CheckResult:
     weights stored as ``nn.Linear`` stores them, (C_out, C_in), ``q = F.linear(x[:, :1], wq)``,
     ``k = F.linear(x, wk)``, ``v = F.linear(x, wv)`` (keys and values include the cls
     token), split into ``num_heads`` heads of ``d = C / num_heads``, ``softmax(q k^T / sqrt(d)) v``,
-    heads merged back ``(h d)``. No biases and no output projection (``ClassAttn`` in
-    :mod:`vitlab.models.cait` adds them).
+    heads merged back ``(h d)``. No biases and no output projection (``ClassAttention`` in
+    :mod:`vitlab.layers` adds them).
 
     Shape: x (B, 1 + N, C), wq, wk, wv (C, C), num_heads int -> (B, 1, C).
     """
@@ -113,6 +113,6 @@ def class_attention(fn: Callable[..., Any]) -> CheckResult:
               "F.linear(x, w), i.e. x @ w.T", transposed=True),
         wrong("one head over all C channels; split into num_heads heads of d = C / num_heads channels",
               one_head=True),
-        wrong("the logits are scaled by C**-0.5; scale by the head dim, d**-0.5 (as in ERRATA 1)", scale_by_dim=True),
+        wrong("the logits are scaled by C**-0.5; scale by the head dim, d**-0.5 (as in pitfall 1)", scale_by_dim=True),
     ]  # fmt: skip
     return run_check("class_attention", fn, cases, _class_attention, known_wrong=wrongs)

@@ -84,9 +84,7 @@ def hard_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
     return run_check("hard_distillation_loss", fn, cases, _hard, known_wrong=_HARD_WRONGS)
 
 
-def _soft(
-    c: Tensor, d: Tensor, t: Tensor, y: Tensor, *, alpha: float, tau: float, wrong: str = ""
-) -> Tensor:
+def _soft(c: Tensor, d: Tensor, t: Tensor, y: Tensor, *, alpha: float, tau: float, wrong: str = "") -> Tensor:
     """Soft distillation; ``wrong`` names a known wrong variant."""
     if wrong == "":
         return distill.soft_distillation_loss(c, d, t, y, alpha=alpha, tau=tau)

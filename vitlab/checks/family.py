@@ -42,8 +42,7 @@ def encoder_block_macs(fn: Callable[..., Any]) -> CheckResult:
     wrongs = [
         KnownWrong(
             lambda n, d, r: n * (4 * d * d + 2 * d * int(d * r)),
-            "only the Linear layers are counted; the attention's two matrix products, q k^T and attn v, "
-            "add 2 N^2 D",
+            "only the Linear layers are counted; the attention's two matrix products, q k^T and attn v, add 2 N^2 D",
         ),
         KnownWrong(
             lambda n, d, r: n * (4 * d * d + 2 * d * int(d * r)) + n * n * d,

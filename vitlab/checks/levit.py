@@ -1,4 +1,4 @@
-"""Checks for the LeViT chapter: the attention-bias indices and where the bias goes (ERRATA 12)."""
+"""Checks for the LeViT chapter: the attention-bias indices and where the bias goes (pitfall 12)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
     ``(y, x) = (i // r, i % r)``. The pair ``(i, j)`` reads entry ``|dy| * r + |dx|``
     (``dy = y_i - y_j``, ``dx = x_i - x_j``) of a table with ``r * r`` entries per head, as
     the official code and :func:`vitlab.models.levit.attention_bias_index` number them.
-    Use ``torch.meshgrid(..., indexing="ij")`` (ERRATA 20). An integer tensor.
+    Use ``torch.meshgrid(..., indexing="ij")`` (pitfall 20). An integer tensor.
 
     Shape: resolution int -> (r*r, r*r).
     """
@@ -56,7 +56,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
 
 def _logits(q: Tensor, k: Tensor, bias: Tensor, scale: float, *, where: str = "after") -> Tensor:
     dots = q @ k.transpose(-2, -1)  # (B, h, N_q, N_k)
-    if where == "before":  # the paper's formula: softmax((QK^T + B) / sqrt(D))
+    if where == "before":  # the source note's formula: softmax((QK^T + B) / sqrt(D))
         return (dots + bias) * scale
     if where == "rescaled":  # the note's code: dots + bias / scale
         return dots * scale + bias / scale
@@ -67,7 +67,7 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(q, k, bias, scale) -> logits``: LeViT's attention logits, before the softmax.
 
     ``q k^T * scale + bias`` with ``scale = D**-0.5``: the bias is added *after* scaling
-    and is not rescaled (ERRATA 12; the official code and timm, see ``LeViTAttention`` in
+    and is not rescaled (pitfall 12; the official code and timm, see ``LeViTAttention`` in
     :mod:`vitlab.models.levit`). One case is shrink attention (fewer queries than keys).
 
     Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k), scale float -> (B, h, N_q, N_k).
@@ -83,13 +83,14 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
     wrongs = [
         KnownWrong(
             lambda q, k, b, s: _logits(q, k, b, s, where="before"),
-            "the bias is added before scaling, (QK^T + B) * scale, as the paper's formula writes it; the official "
-            "code and timm add it after: QK^T * scale + B",
+            "the bias is added before scaling, (QK^T + B) * scale: the source note writes (QK^T + B)/sqrt(D); "
+            "the paper's Eq. 1 adds B to the dot product, and the official code computes QK^T * D**-0.5 + B",
             12,
         ),
         KnownWrong(
             lambda q, k, b, s: _logits(q, k, b, s, where="rescaled"),
-            "the bias is rescaled (dots + bias / scale, as in the note); add it as it is: QK^T * scale + B",
+            "the bias is rescaled, QK^T * scale + B / scale (the note's code, dots + bias / scale); the "
+            "official code adds it as it is: QK^T * D**-0.5 + B",
             12,
         ),
         KnownWrong(

@@ -1,4 +1,4 @@
-"""Checks for the T2T-ViT chapter: the soft split's token count (ERRATA 9) and the split itself."""
+"""Checks for the T2T-ViT chapter: the soft split's token count (pitfall 9) and the split itself."""
 
 from __future__ import annotations
 
@@ -8,14 +8,24 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, randn, run_check, shape
+from vitlab.checks._core import (
+    Case,
+    CheckResult,
+    Expect,
+    KnownWrong,
+    randn,
+    run_check,
+    shape,
+)
 from vitlab.models.t2t_vit import unfold_output_size
 
 # (size, kernel, stride, padding): T2T-ViT's three splits at 224 px (224 -> 56 -> 28 -> 14),
 # other image sizes, and sizes where the stride does not divide evenly (the floor matters).
+# (16, 3, 2, 0) comes early: size // stride (8), "no + 1" (6) and the right count (7)
+# all differ there, so each of those answers is told apart where it first fails.
 _COUNTS = (
-    (224, 7, 4, 2), (56, 3, 2, 1), (28, 3, 2, 1), (384, 7, 4, 2), (32, 7, 4, 2),
-    (15, 3, 2, 1), (7, 3, 2, 0), (10, 4, 3, 1), (9, 3, 3, 0),
+    (224, 7, 4, 2), (56, 3, 2, 1), (28, 3, 2, 1), (16, 3, 2, 0), (384, 7, 4, 2),
+    (32, 7, 4, 2), (15, 3, 2, 1), (7, 3, 2, 0), (10, 4, 3, 1), (9, 3, 3, 0),
 )  # fmt: skip
 
 
@@ -57,6 +67,11 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
             "the + 1 is missing: the first window sits at position 0, floor((size + 2p - k) / s) + 1",
         ),
         KnownWrong(
+            lambda n, k, s, p: n // s,
+            "this is size // stride, which ignores the kernel and the padding; it is right only when "
+            "2 * padding = kernel - stride (as in T2T-ViT's splits): floor((size + 2p - k) / s) + 1",
+        ),
+        KnownWrong(
             lambda n, k, s, p: (n + p - k) // s + 1,
             "the padding is counted once; it is added on both sides, size + 2 * padding",
         ),
@@ -71,6 +86,9 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
     )
 
 
+_UNFOLD_NOTE = "(the check compares values only: it cannot tell whether you used F.unfold)"
+
+
 def _soft_split(x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
     return F.unfold(x, kernel_size=kernel, stride=stride, padding=padding).transpose(1, 2)  # (B, L, C*k*k)
 
@@ -81,6 +99,9 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
     Overlapping ``kernel`` x ``kernel`` windows with ``stride`` and zero ``padding``, each
     window's values flattened ``(c k1 k2)`` (what ``nn.Unfold`` gives), windows in row-major
     order, tokens first: ``F.unfold(x, kernel, stride=stride, padding=padding).transpose(1, 2)``.
+
+    The check compares values only, so it cannot tell whether ``F.unfold`` was used; its
+    PASS line says so.
 
     Shape: x (B, C, H, W) -> (B, L, C*kernel*kernel), L = tokens down x tokens across.
     """
@@ -99,4 +120,5 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
             "the padding is missing; pass padding= to F.unfold / nn.Unfold",
         ),
     ]
-    return run_check("soft_split", fn, cases, _soft_split, known_wrong=wrongs)
+    # The exercise asks for no F.unfold; the values cannot show it, so the PASS line says so.
+    return run_check("soft_split", fn, cases, _soft_split, known_wrong=wrongs, pass_note=_UNFOLD_NOTE)

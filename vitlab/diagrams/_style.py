@@ -162,7 +162,8 @@ class Diagram:
             "digraph G {",
             f'  graph [rankdir={self.direction}, bgcolor="white", pad=0.15, nodesep=0.3, ranksep=0.32, '
             f'fontname="{FONT}", fontsize={FONT_SIZE + 1}, label={_quote(self.title)}, labelloc=t, dpi={DPI}];',
-            f'  node [fontname="{FONT}", fontsize={FONT_SIZE}, color="{INK}", fontcolor="{INK}", margin="0.14,0.06", height=0.35];',
+            f'  node [fontname="{FONT}", fontsize={FONT_SIZE}, color="{INK}", fontcolor="{INK}", '
+            'margin="0.14,0.06", height=0.35];',
             f'  edge [fontname="{FONT}", fontsize={FONT_SIZE - 1}, color="{MUTED}", fontcolor="{INK}", arrowsize=0.7];',
         ]
         return "\n".join(head + self._lines + ["}"])

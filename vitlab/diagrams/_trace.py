@@ -8,9 +8,7 @@ import torch
 from torch import nn
 
 
-def trace_shapes(
-    model: nn.Module, input_size: Sequence[int], names: Sequence[str]
-) -> dict[str, tuple[int, ...]]:
+def trace_shapes(model: nn.Module, input_size: Sequence[int], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """The output shape of each submodule in ``names`` (dotted paths, as in
     ``model.named_modules()``), batch dimension included, for an input of ``input_size``.
 
@@ -33,6 +31,8 @@ def trace_shapes(
             if name in shapes:
                 return
             out = output[0] if isinstance(output, (tuple, list)) else output
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"{name} returned {type(out).__name__}, not a tensor")
             shapes[name] = tuple(out.shape)
 
         return hook

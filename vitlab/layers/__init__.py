@@ -1,8 +1,10 @@
 """Shared building blocks. Models compose these; a paper's own layer lives in its model file."""
 
-from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention
+from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention, with_attn
 from vitlab.layers.block import Block, collect_attention_maps, drop_path_rates, encoder_blocks
+from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers.drop_path import DropPath, drop_path
+from vitlab.layers.head import check_num_classes, classifier_head
 from vitlab.layers.layer_scale import LayerScale
 from vitlab.layers.mlp import Mlp
 from vitlab.layers.patch_embed import (
@@ -24,6 +26,7 @@ from vitlab.layers.pos_embed import (
 __all__ = [
     "Attention",
     "Block",
+    "ClassAttention",
     "DropPath",
     "LayerScale",
     "Mlp",
@@ -31,7 +34,9 @@ __all__ = [
     "UnfoldPatchEmbed",
     "check_heads",
     "check_image",
+    "check_num_classes",
     "check_patch_encoder_config",
+    "classifier_head",
     "collect_attention_maps",
     "conv_output_size",
     "drop_path",
@@ -45,4 +50,5 @@ __all__ = [
     "sincos_2d_position_embedding",
     "to_2tuple",
     "unpatchify",
+    "with_attn",
 ]

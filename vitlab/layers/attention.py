@@ -8,7 +8,6 @@ fast kernel is available. Tests check that both paths agree for every model.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
@@ -24,6 +23,16 @@ def check_heads(dim: int, num_heads: int) -> int:
             f"(expected a multiple of {num_heads}, e.g. {num_heads * max(1, dim // num_heads)})"
         )
     return dim // num_heads
+
+
+def with_attn(out: Tensor, attn: Tensor | None, return_attn: bool) -> Tensor | tuple[Tensor, Tensor]:
+    """``(out, attn)`` when ``return_attn`` (the layer then took the explicit path and has
+    the map), else ``out``: the one return statement of every ``return_attn`` layer."""
+    if not return_attn:
+        return out
+    if attn is None:
+        raise RuntimeError("return_attn=True but no attention map was computed")
+    return out, attn
 
 
 def explicit_attention(
@@ -44,10 +53,10 @@ def explicit_attention(
     Shape: q (B, h, N_q, d), k (B, h, N_k, d), v (B, h, N_k, d_v)
     -> out (B, h, N_q, d_v), attn (B, h, N_q, N_k).
     """
-    # Scale the logits *before* the softmax, by head_dim**-0.5 (ERRATA 1).
+    # Scale the logits *before* the softmax, by head_dim**-0.5 (pitfall 1).
     logits = (q * scale) @ k.transpose(-2, -1)  # (B, h, N_q, N_k)
     if mask is not None:
-        # Out of place: the result must be assigned (ERRATA 2).
+        # Out of place: the result must be assigned (pitfall 2).
         logits = logits.masked_fill(~mask, float("-inf"))
     attn = logits.softmax(dim=-1)
     if mask is not None:
@@ -82,14 +91,14 @@ class Attention(nn.Module):
 
     One ``qkv`` linear layer makes queries, keys and values for every head at once; its
     output features are ordered ``(qkv h d)`` as in timm and the original JAX code
-    (ERRATA 3: ``(h d qkv)`` loads pretrained weights silently wrong).
+    (pitfall 3: ``(h d qkv)`` loads pretrained weights silently wrong).
 
     Args:
         dim: token width ``C``.
         num_heads: number of heads ``h``; ``C`` must be divisible by it.
         qkv_bias: bias on the ``qkv`` projection.
         scale: logit scale; ``head_dim**-0.5`` unless a paper says otherwise.
-        fused: use ``F.scaled_dot_product_attention`` (``return_attn=True`` always takes
+        fused_attn: use ``F.scaled_dot_product_attention`` (``return_attn=True`` always takes
             the explicit path). Switch later with :func:`vitlab.set_fused_attention`.
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
@@ -104,13 +113,13 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         scale: float | None = None,
-        fused: bool = True,
+        fused_attn: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = scale if scale is not None else self.head_dim**-0.5
-        self.fused_attn = fused
+        self.fused_attn = fused_attn
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
@@ -131,9 +140,7 @@ class Attention(nn.Module):
             out, attn = explicit_attention(q, k, v, scale=self.scale, mask=mask, attn_drop=self.attn_drop)
         out = rearrange(out, "B h N d -> B N (h d)")
         out = self.proj_drop(self.proj(out))
-        if return_attn:
-            return out, attn
-        return out
+        return with_attn(out, attn, return_attn)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, fused_attn={self.fused_attn}"

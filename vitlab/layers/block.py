@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from torch import Tensor, nn
 
-from vitlab.layers.attention import Attention
+from vitlab.layers.attention import Attention, with_attn
 from vitlab.layers.drop_path import DropPath
 from vitlab.layers.layer_scale import LayerScale
 from vitlab.layers.mlp import Mlp
@@ -20,7 +22,9 @@ class Block(nn.Module):
         init_values: if set, a :class:`LayerScale` after each branch (CaiT).
         attn: an attention module to use instead of :class:`Attention` (a paper's own
             attention, e.g. DeepViT's re-attention); it must map (B, N, C) -> (B, N, C)
-            and accept ``return_attn``.
+            and accept ``return_attn``. With ``attn`` the arguments of the default
+            attention (``num_heads``, ``qkv_bias``, ``attn_drop``, ``fused_attn``) raise a
+            ``TypeError`` instead of being ignored.
         act_layer: MLP activation.
         norm_eps: LayerNorm epsilon (1e-6 in ViT's JAX code and timm).
 
@@ -31,23 +35,40 @@ class Block(nn.Module):
         self,
         dim: int,
         *,
-        num_heads: int,
+        num_heads: int | None = None,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | None = None,
         drop: float = 0.0,
-        attn_drop: float = 0.0,
+        attn_drop: float | None = None,
         drop_path: float = 0.0,
         init_values: float | None = None,
         attn: nn.Module | None = None,
         act_layer: type[nn.Module] = nn.GELU,
         norm_eps: float = 1e-6,
-        fused_attn: bool = True,
+        fused_attn: bool | None = None,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = attn if attn is not None else Attention(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused=fused_attn
-        )
+        attn_args = {"num_heads": num_heads, "qkv_bias": qkv_bias, "attn_drop": attn_drop, "fused_attn": fused_attn}
+        if attn is not None:
+            ignored = sorted(k for k, v in attn_args.items() if v is not None)
+            if ignored:
+                raise TypeError(
+                    f"Block got attn={type(attn).__name__} and {ignored}, which only configure the default "
+                    f"Attention and would be ignored; set them on the attention module instead"
+                )
+            self.attn = attn
+        else:
+            if num_heads is None:
+                raise TypeError("Block needs num_heads (or an attention module as attn=)")
+            self.attn = Attention(
+                dim,
+                num_heads=num_heads,
+                qkv_bias=True if qkv_bias is None else qkv_bias,
+                attn_drop=0.0 if attn_drop is None else attn_drop,
+                proj_drop=drop,
+                fused_attn=True if fused_attn is None else fused_attn,
+            )
         self.ls1 = LayerScale(dim, init_values) if init_values is not None else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
@@ -64,9 +85,7 @@ class Block(nn.Module):
             y = self.attn(self.norm1(x))
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        if return_attn:
-            return x, attn_map
-        return x
+        return with_attn(x, attn_map, return_attn)
 
 
 def drop_path_rates(drop_path_rate: float, depth: int) -> list[float]:
@@ -93,22 +112,24 @@ def encoder_blocks(
 
     Shape: x (B, N, C) -> (B, N, C).
     """
-    return nn.Sequential(*[
-        Block(
-            dim,
-            num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias,
-            drop=drop,
-            attn_drop=attn_drop,
-            drop_path=rate,
-            fused_attn=fused_attn,
-        )
-        for rate in drop_path_rates(drop_path_rate, depth)
-    ])
+    return nn.Sequential(
+        *[
+            Block(
+                dim,
+                num_heads=num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                drop=drop,
+                attn_drop=attn_drop,
+                drop_path=rate,
+                fused_attn=fused_attn,
+            )
+            for rate in drop_path_rates(drop_path_rate, depth)
+        ]
+    )
 
 
-def collect_attention_maps(x: Tensor, blocks: nn.Module) -> list[Tensor]:
+def collect_attention_maps(x: Tensor, blocks: Iterable[nn.Module]) -> list[Tensor]:
     """Run tokens through ``blocks`` on the explicit path, keeping every attention map.
 
     Shape: x (B, N, C) -> depth x (B, h, N, N).

@@ -10,7 +10,7 @@ from __future__ import annotations
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers.attention import check_heads, explicit_attention, fused_attention
+from vitlab.layers.attention import check_heads, explicit_attention, fused_attention, with_attn
 
 
 class ClassAttention(nn.Module):
@@ -29,13 +29,13 @@ class ClassAttention(nn.Module):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        fused: bool = True,
+        fused_attn: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5
-        self.fused_attn = fused
+        self.fused_attn = fused_attn
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.k = nn.Linear(dim, dim, bias=qkv_bias)
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
@@ -56,7 +56,7 @@ class ClassAttention(nn.Module):
         else:
             out, attn = explicit_attention(q, k, v, scale=self.scale, attn_drop=self.attn_drop)
         out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
-        return (out, attn) if return_attn else out
+        return with_attn(out, attn, return_attn)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, fused_attn={self.fused_attn}"

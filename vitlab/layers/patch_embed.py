@@ -25,8 +25,11 @@ def check_image(
     in_chans: int,
     patch_size: tuple[int, int],
     img_size: tuple[int, int] | None = None,
+    fixed_by: str = "the position embeddings",
 ) -> None:
     """Raise a ``ValueError`` naming expected and actual values if ``x`` does not fit.
+
+    ``img_size`` (if given) is the only size accepted; ``fixed_by`` says what fixes it.
 
     Shape: x (B, C, H, W).
     """
@@ -38,20 +41,15 @@ def check_image(
     if C != in_chans:
         raise ValueError(f"expected {in_chans} input channels, got {C} (image shape {tuple(x.shape)})")
     if H % patch_size[0] or W % patch_size[1]:
-        raise ValueError(
-            f"image size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}"
-        )
+        raise ValueError(f"image size {H}x{W} is not divisible by the patch size {patch_size[0]}x{patch_size[1]}")
     if img_size is not None and (H, W) != tuple(img_size):
-        raise ValueError(
-            f"expected image size {img_size[0]}x{img_size[1]} (the position embeddings are built "
-            f"for it), got {H}x{W}"
-        )
+        raise ValueError(f"expected image size {img_size[0]}x{img_size[1]} ({fixed_by} are built for it), got {H}x{W}")
 
 
 def patchify(images: Tensor, patch_size: int) -> Tensor:
     """Cut images into flattened patches in row-major patch order, pixels ``(p1 p2 c)``.
 
-    This is a reshape: ``H*W*C == N * P*P*C`` values before and after (ERRATA 18).
+    This is a reshape: ``H*W*C == N * P*P*C`` values before and after (pitfall 18).
 
     Shape: images (B, C, H, W) -> (B, N, P*P*C), N = (H/P)(W/P).
     """
@@ -120,7 +118,7 @@ class UnfoldPatchEmbed(nn.Module):
     Shape: x (B, C, H, W) -> (B, N, D).
     """
 
-    def __init__(self, patch_size: int = 16, in_chans: int = 3, embed_dim: int = 768) -> None:
+    def __init__(self, patch_size: int | tuple[int, int] = 16, in_chans: int = 3, embed_dim: int = 768) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
         self.in_chans = in_chans
@@ -133,7 +131,8 @@ class UnfoldPatchEmbed(nn.Module):
         module = cls(patch_size=(p1, p2), in_chans=C, embed_dim=D)
         with torch.no_grad():
             module.proj.weight.copy_(conv_embed.proj.weight.reshape(D, -1))
-            module.proj.bias.copy_(conv_embed.proj.bias)
+            if conv_embed.proj.bias is not None:
+                module.proj.bias.copy_(conv_embed.proj.bias)
         return module
 
     def forward(self, x: Tensor) -> Tensor:
@@ -161,7 +160,7 @@ def check_patch_encoder_config(
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
     """Output length of a convolution or unfold: ``floor((size + 2p - k) / s) + 1``.
 
-    The right token-count formula for overlapping patches (ERRATA 9): 224 -> 56 -> 28 -> 14
+    The right token-count formula for overlapping patches (pitfall 9): 224 -> 56 -> 28 -> 14
     for T2T-ViT's soft splits, 224 -> 27 for PiT's stem, 224 -> 56 for CvT's first stage.
     """
     return (size + 2 * padding - kernel) // stride + 1

@@ -32,7 +32,9 @@ def sincos_2d_position_embedding(grid_size: tuple[int, int], dim: int, temperatu
         raise ValueError(f"2-D sin-cos position embedding needs dim divisible by 4, got {dim}")
     gh, gw = grid_size
     ys, xs = torch.meshgrid(
-        torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij"  # ERRATA 20
+        torch.arange(gh, dtype=torch.float64),
+        torch.arange(gw, dtype=torch.float64),
+        indexing="ij",  # Pitfall 20
     )
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
     out_y = ys.flatten()[:, None] * omega[None, :]  # (H*W, dim/4)
@@ -44,7 +46,7 @@ def learned_position_embedding(num_tokens: int, dim: int, std: float = 0.02) -> 
     """A learned table to add to the tokens (ViT), truncated-normal initialised.
 
     It covers the cls token too, ``(1, N+1, D)``, and is added *after* the linear
-    projection (ERRATA 17).
+    projection (pitfall 17).
 
     Shape: -> (1, num_tokens, dim).
     """

@@ -4,7 +4,7 @@ Two changes to ViT/DeiT let CaiT train 24-48 blocks deep:
 
 * **LayerScale**: every residual branch is multiplied by a learnable per-channel
   diagonal matrix ``diag(gamma)`` that starts at a small ε, chosen from the network's
-  total depth (:func:`layer_scale_init_for_depth`; ERRATA 8: not from the layer index).
+  total depth (:func:`layer_scale_init_for_depth`; Pitfall 8: not from the layer index).
 * **Class-attention**: the patches are processed by self-attention blocks *without* a
   cls token; the cls token enters only in the last two blocks, where it alone is updated,
   attending to ``[cls, patches]``.
@@ -25,20 +25,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers.class_attention import ClassAttention
+from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Block,
+    ClassAttention,
     LayerScale,
     Mlp,
     PatchEmbed,
     check_heads,
+    check_num_classes,
     check_patch_encoder_config,
-    explicit_attention,
-    fused_attention,
+    classifier_head,
+    collect_attention_maps,
     learned_position_embedding,
+    with_attn,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -47,7 +51,7 @@ def layer_scale_init_for_depth(depth: int) -> float:
     """The paper's LayerScale init ε for a network of ``depth`` self-attention blocks.
 
     CaiT §2: ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper. The same ε is used
-    in *every* block; it depends on the total depth, not on the layer index (ERRATA 8).
+    in *every* block; it depends on the total depth, not on the layer index (pitfall 8).
     ``depth`` counts the self-attention blocks (the 24 of CaiT-XXS-24), not the two
     class-attention blocks.
     """
@@ -60,30 +64,49 @@ def layer_scale_init_for_depth(depth: int) -> float:
     return 1e-6
 
 
+def mix_heads(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The plain form: move the heads last, apply the linear layer, move them back (timm,
+    official code).
+
+    Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
+    """
+    mixed = F.linear(rearrange(maps, "B h i j -> B i j h"), weight, bias)  # (B, N_q, N_k, H')
+    return rearrange(mixed, "B i j h -> B h i j")
+
+
+def mix_heads_fast(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Speed path of :func:`mix_heads`, the same function: one batched product
+    ``bias + W @ maps`` on the maps viewed as ``(B, H, N*N)``, with no permuted copies of the
+    maps and the bias added in the same kernel (``torch.baddbmm``); 3x faster per call on CPU
+    (benchmarks/README.md). ``tests/test_cait.py`` checks that both agree.
+
+    Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
+    """
+    B, H, Nq, Nk = maps.shape
+    w = weight.expand(B, -1, -1)  # (B, H', H), a view: no copy per batch element
+    flat = maps.reshape(B, H, Nq * Nk)
+    mixed = torch.bmm(w, flat) if bias is None else torch.baddbmm(bias[:, None], w, flat)
+    return mixed.view(B, -1, Nq, Nk)
+
+
 class HeadMixing(nn.Linear):
     """An ``nn.Linear(H, H')`` applied across the head axis of attention maps, at every (i, j).
 
-    The same function (and the same ``weight``/``bias`` parameters, so the same state dict)
-    as moving the heads last and calling a plain ``nn.Linear``,
-    ``rearrange(linear(rearrange(maps, "B h i j -> B i j h")), "B i j h -> B h i j")``,
-    which is how timm and the official code write it. Computed as one batched product
-    ``bias + W @ maps`` on the maps viewed as ``(B, H, N*N)``: no permuted copies of the
-    ``(B, H, N, N)`` maps, and the bias added in the same kernel (``torch.baddbmm``); 3x
-    faster per call on CPU (benchmarks/README.md).
+    Same parameters as the official ``nn.Linear`` (so the same state dict). ``fast_path``
+    picks :func:`mix_heads_fast` (default) or the plain :func:`mix_heads`.
 
     Shape: maps (B, H, N_q, N_k) -> (B, H', N_q, N_k).
     """
+
+    fast_path: bool = True
 
     def forward(self, maps: Tensor) -> Tensor:
         if maps.ndim != 4 or maps.shape[1] != self.in_features:
             raise ValueError(
                 f"expected attention maps (B, {self.in_features}, N_q, N_k), got shape {tuple(maps.shape)}"
             )
-        B, H, Nq, Nk = maps.shape
-        weight = self.weight.expand(B, -1, -1)  # (B, H', H), a view: no copy per batch element
-        flat = maps.reshape(B, H, Nq * Nk)
-        mixed = torch.bmm(weight, flat) if self.bias is None else torch.baddbmm(self.bias[:, None], weight, flat)
-        return mixed.view(B, -1, Nq, Nk)
+        mix = mix_heads_fast if self.fast_path else mix_heads
+        return mix(maps, self.weight, self.bias)
 
 
 class TalkingHeadAttn(nn.Module):
@@ -125,11 +148,7 @@ class TalkingHeadAttn(nn.Module):
         attn = self.attn_drop(attn)
         out = rearrange(attn @ v, "B h N d -> B N (h d)")
         out = self.proj_drop(self.proj(out))
-        return (out, attn) if return_attn else out
-
-
-# Class-attention is a shared layer (CrossViT uses it too); the name here is timm's.
-ClassAttn = ClassAttention
+        return with_attn(out, attn, return_attn)
 
 
 class ClassAttentionBlock(nn.Module):
@@ -155,7 +174,7 @@ class ClassAttentionBlock(nn.Module):
         super().__init__()
         # No dropout and no drop path here: the official code builds these blocks with 0.
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = ClassAttn(dim, num_heads=num_heads, qkv_bias=qkv_bias, fused=fused_attn)
+        self.attn = ClassAttention(dim, num_heads=num_heads, qkv_bias=qkv_bias, fused_attn=fused_attn)
         self.ls1 = LayerScale(dim, init_values)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
@@ -170,7 +189,7 @@ class ClassAttentionBlock(nn.Module):
             y, attn = self.attn(u), None
         x_cls = x_cls + self.ls1(y)
         x_cls = x_cls + self.ls2(self.mlp(self.norm2(x_cls)))
-        return (x_cls, attn) if return_attn else x_cls
+        return with_attn(x_cls, attn, return_attn)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,8 +236,7 @@ class CaiTConfig:
                 f"init_values (LayerScale ε) must be in (0, 1], got {self.init_values}; "
                 f"the paper's value for depth {self.depth} is {layer_scale_init_for_depth(self.depth)}"
             )
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
+        check_num_classes(self.num_classes)
 
     @property
     def layer_scale_init(self) -> float:
@@ -248,38 +266,41 @@ class CaiT(nn.Module):
         self.pos_drop = nn.Dropout(config.drop_rate)
         # The same drop-path rate in every block, as in the official code and timm
         # (ViT/DeiT ramp it linearly with depth).
-        self.blocks = nn.Sequential(*[
-            Block(
-                D,
-                num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio,
-                drop=config.drop_rate,
-                drop_path=config.drop_path_rate,
-                init_values=eps,
-                attn=TalkingHeadAttn(
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    D,
+                    mlp_ratio=config.mlp_ratio,
+                    drop=config.drop_rate,
+                    drop_path=config.drop_path_rate,
+                    init_values=eps,
+                    attn=TalkingHeadAttn(
+                        D,
+                        num_heads=config.num_heads,
+                        qkv_bias=config.qkv_bias,
+                        attn_drop=config.attn_drop_rate,
+                        proj_drop=config.drop_rate,
+                    ),
+                )
+                for _ in range(config.depth)
+            ]
+        )
+        self.blocks_token_only = nn.ModuleList(
+            [
+                ClassAttentionBlock(
                     D,
                     num_heads=config.num_heads,
+                    mlp_ratio=config.mlp_ratio_token_only,
                     qkv_bias=config.qkv_bias,
-                    attn_drop=config.attn_drop_rate,
-                    proj_drop=config.drop_rate,
-                ),
-            )
-            for _ in range(config.depth)
-        ])
-        self.blocks_token_only = nn.ModuleList([
-            ClassAttentionBlock(
-                D,
-                num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio_token_only,
-                qkv_bias=config.qkv_bias,
-                init_values=eps,
-                fused_attn=config.fused_attn,
-            )
-            for _ in range(config.depth_token_only)
-        ])
+                    init_values=eps,
+                    fused_attn=config.fused_attn,
+                )
+                for _ in range(config.depth_token_only)
+            ]
+        )
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
-        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)
         nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (ViT's is ~0)
 
@@ -296,27 +317,46 @@ class CaiT(nn.Module):
             x_cls = block(x, x_cls)
         return self.norm(torch.cat([x_cls, x], dim=1))
 
-    def forward_head(self, x: Tensor) -> Tensor:
-        """Classify from the cls token. Shape: x (B, 1 + N, D) -> (B, num_classes)."""
-        return self.head(self.head_drop(x[:, 0]))
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Classify from the cls token. Shape: x (B, 1 + N, D) -> (B, num_classes) ((B, D) with ``pre_logits``)."""
+        x = self.head_drop(x[:, 0])
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
     @torch.no_grad()
-    def get_class_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """What the cls token attends to in each class-attention block (explicit path).
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Every attention map, in forward order (explicit path).
 
-        Shape: x (B, C, H, W) -> depth_token_only x (B, h, 1, 1 + N); key 0 is the cls token.
+        First the ``depth`` talking-heads self-attention maps over the patches alone, rows
+        (queries) and columns (keys) both the N patches in row-major grid order (after
+        ``proj_w``, so a row need not sum to 1); then the ``depth_token_only``
+        class-attention maps: one row, the cls token, over the keys ``[cls, patches]``.
+
+        Shape: x (B, C, H, W) -> depth x (B, h, N, N) + depth_token_only x (B, h, 1, 1 + N).
         """
-        x = self.forward_patches(x)
+        x = self.pos_drop(self.patch_embed(x) + self.pos_embed)
+        maps = collect_attention_maps(x, self.blocks)
+        return maps + self._class_attention_maps(self.blocks(x))
+
+    def _class_attention_maps(self, x: Tensor) -> list[Tensor]:
         x_cls = self.cls_token.expand(x.shape[0], -1, -1)
         maps = []
         for block in self.blocks_token_only:
             x_cls, attn = block(x, x_cls, return_attn=True)
             maps.append(attn)
         return maps
+
+    @torch.no_grad()
+    def get_class_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """The class-attention part of :meth:`get_attention_maps`: what the cls token attends
+        to in each class-attention block; key 0 is the cls token.
+
+        Shape: x (B, C, H, W) -> depth_token_only x (B, h, 1, 1 + N).
+        """
+        return self._class_attention_maps(self.forward_patches(x))
 
 
 CONFIGS: dict[str, CaiTConfig] = {
@@ -327,6 +367,14 @@ CONFIGS: dict[str, CaiTConfig] = {
 }
 
 MODEL = CaiT
+
+FAMILY = FamilyInfo(
+    chapter=6,
+    properties=FamilyProperties("CaiT", "learned, N (patches only)", "non-overlapping (k16 s16)",
+                                "linear; talking heads", "no (cls joins late)", "touvron2021cait", "cait_xxs24_224"),
+    token_mixers=(TalkingHeadAttn, ClassAttention),
+    tiny=("cait_xxs24_224", dict(patch_size=16, embed_dim=24, depth=2, num_heads=2, init_values=None)),
+)  # fmt: skip
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: CaiTConfig) -> dict[str, Tensor]:

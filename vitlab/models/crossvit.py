@@ -11,8 +11,9 @@ the fusion linear in the number of tokens instead of quadratic.
 Reads top to bottom: patch stems -> cross-attention -> multi-scale encoder -> config ->
 model -> paper presets -> timm weight conversion. Names follow timm's ``crossvit.py``
 (``patch_embed``, ``blocks[k].blocks/projs/fusion/revert_projs``, ``norm``, ``head``);
-the shared cross-attention layer names timm's ``wq/wk/wv`` ``q/k/v``. The per-branch ``pos_embed`` and ``cls_token`` are ParameterLists, as in the
-official code (timm names them ``pos_embed_0``, ``cls_token_1``, ...).
+the shared cross-attention layer names timm's ``wq/wk/wv`` ``q/k/v``. The per-branch
+``pos_embed`` and ``cls_token`` are ParameterLists, as in the official code (timm names
+them ``pos_embed_0``, ``cls_token_1``, ...).
 """
 
 from __future__ import annotations
@@ -20,21 +21,26 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers.class_attention import ClassAttention
+from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
+    Attention,
     Block,
+    ClassAttention,
     DropPath,
     PatchEmbed,
     check_heads,
     check_image,
-    explicit_attention,
-    fused_attention,
+    check_num_classes,
+    classifier_head,
+    collect_attention_maps,
+    drop_path_rates,
     learned_position_embedding,
 )
 from vitlab.models._init import init_vit_weights
@@ -81,13 +87,12 @@ class ConvStem(nn.Module):
         return rearrange(self.proj(x), "B D h w -> B (h w) D")
 
 
-# Cross-attention is the shared single-query layer: the (projected) cls token of one
-# branch is the only query over [that token, the other branch's patches].
-CrossAttention = ClassAttention
-
-
 class CrossAttentionBlock(nn.Module):
     """``x[:, :1] + CA(LN(x))``: a pre-norm residual update of the first token only.
+
+    The cross-attention is the shared single-query layer :class:`~vitlab.layers.ClassAttention`
+    (timm's ``CrossAttention``): the (projected) cls token of one branch is the only query
+    over ``[that token, the other branch's patches]``.
 
     No MLP follows the cross-attention (``has_mlp=False`` in the official code; timm has none).
 
@@ -107,8 +112,8 @@ class CrossAttentionBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = CrossAttention(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused=fused_attn
+        self.attn = ClassAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused_attn=fused_attn
         )
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
@@ -139,30 +144,49 @@ class MultiScaleBlock(nn.Module):
     (``revert_projs[i]``, g) and replaces cls_i. Patch tokens pass through unchanged.
 
     Shape: [S (B, 1 + N_S, C_S), L (B, 1 + N_L, C_L)] -> the same shapes
-    [, attn [(B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)]].
+    [, attn: N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L),
+    (B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
     """
 
     def __init__(self, config: CrossViTConfig, drop_path: list[float]) -> None:
         super().__init__()
         c, dims = config, config.embed_dim
-        common = dict(qkv_bias=c.qkv_bias, drop=c.drop_rate, attn_drop=c.attn_drop_rate, fused_attn=c.fused_attn)
-        self.blocks = nn.ModuleList([
-            nn.Sequential(*[
-                Block(dims[i], num_heads=c.num_heads[i], mlp_ratio=c.mlp_ratio[i], drop_path=drop_path[b], **common)
-                for b in range(c.depth[i])
-            ])
-            for i in range(2)
-        ])
+        common: dict[str, Any] = dict(
+            qkv_bias=c.qkv_bias, drop=c.drop_rate, attn_drop=c.attn_drop_rate, fused_attn=c.fused_attn
+        )
+        self.blocks = nn.ModuleList(
+            [
+                nn.Sequential(
+                    *[
+                        Block(
+                            dims[i],
+                            num_heads=c.num_heads[i],
+                            mlp_ratio=c.mlp_ratio[i],
+                            drop_path=drop_path[b],
+                            **common,
+                        )
+                        for b in range(c.depth[i])
+                    ]
+                )
+                for i in range(2)
+            ]
+        )
         self.projs = nn.ModuleList([projection(dims[i], dims[1 - i]) for i in range(2)])
-        self.fusion = nn.ModuleList([
-            CrossAttentionBlock(dims[1 - i], num_heads=c.num_heads[1 - i], drop_path=drop_path[-1], **common)
-            for i in range(2)
-        ])
+        self.fusion = nn.ModuleList(
+            [
+                CrossAttentionBlock(dims[1 - i], num_heads=c.num_heads[1 - i], drop_path=drop_path[-1], **common)
+                for i in range(2)
+            ]
+        )
         self.revert_projs = nn.ModuleList([projection(dims[1 - i], dims[i]) for i in range(2)])
 
     def forward(self, xs: list[Tensor], return_attn: bool = False) -> list[Tensor] | tuple[list[Tensor], list[Tensor]]:
+        maps: list[Tensor] = []
+        if return_attn:  # the branches' self-attention maps, S then L
+            branches = [cast(nn.Sequential, blocks) for blocks in self.blocks]
+            maps = [attn for blocks, x in zip(branches, xs) for attn in collect_attention_maps(x, blocks)]
         xs = [blocks(x) for blocks, x in zip(self.blocks, xs)]  # each branch on its own
-        outs, maps = [], []
+        outs = []
         for i, j in ((0, 1), (1, 0)):
             query = self.projs[i](xs[i][:, :1])  # f: (B, 1, C_j)
             tokens = torch.cat([query, xs[j][:, 1:]], dim=1)  # (B, 1 + N_j, C_j)
@@ -202,6 +226,7 @@ class CrossViTConfig:
         lengths = {name: len(getattr(self, name)) for name in pairs}
         if set(lengths.values()) != {2}:
             raise ValueError(f"every per-branch field needs 2 entries (S, L), got lengths {lengths}")
+        check_num_classes(self.num_classes)
         if min(self.img_size, self.in_chans, self.num_encoders, *self.depth, *self.patch_size) <= 0:
             raise ValueError(
                 f"img_size, in_chans, num_encoders, depth and patch_size must be positive, got {self.img_size}, "
@@ -225,12 +250,14 @@ class CrossViTConfig:
     @property
     def grid_size(self) -> tuple[int, int]:
         """Tokens per side in each branch: (20, 14) for 240/12 and 224/16."""
-        return tuple(s // p for s, p in zip(self.branch_img_size, self.patch_size))
+        (s0, s1), (p0, p1) = self.branch_img_size, self.patch_size
+        return (s0 // p0, s1 // p1)
 
     @property
     def num_patches(self) -> tuple[int, int]:
         """Patch tokens per branch: (400, 196)."""
-        return tuple(g * g for g in self.grid_size)
+        g0, g1 = self.grid_size
+        return (g0 * g0, g1 * g1)
 
 
 class CrossViT(nn.Module):
@@ -245,21 +272,21 @@ class CrossViT(nn.Module):
         self.config = config
         c, dims = config, config.embed_dim
         stem = ConvStem if c.multi_conv else PatchEmbed
-        self.patch_embed = nn.ModuleList([
-            stem(size, patch, c.in_chans, dim) for size, patch, dim in zip(c.branch_img_size, c.patch_size, dims)
-        ])
+        self.patch_embed = nn.ModuleList(
+            [stem(size, patch, c.in_chans, dim) for size, patch, dim in zip(c.branch_img_size, c.patch_size, dims)]
+        )
         self.pos_embed = nn.ParameterList([learned_position_embedding(1 + n, d) for n, d in zip(c.num_patches, dims)])
         self.cls_token = nn.ParameterList([nn.Parameter(torch.zeros(1, 1, d)) for d in dims])
         self.pos_drop = nn.Dropout(c.drop_rate)
         # timm's drop-path schedule: K * M rates rising linearly from 0, M per encoder.
-        per_encoder, total = max(c.depth), c.num_encoders * max(c.depth)
-        rates = [c.drop_path_rate * i / max(total - 1, 1) for i in range(total)]
-        self.blocks = nn.ModuleList([
-            MultiScaleBlock(c, rates[k * per_encoder : (k + 1) * per_encoder]) for k in range(c.num_encoders)
-        ])
+        per_encoder = max(c.depth)
+        rates = drop_path_rates(c.drop_path_rate, c.num_encoders * per_encoder)
+        self.blocks = nn.ModuleList(
+            [MultiScaleBlock(c, rates[k * per_encoder : (k + 1) * per_encoder]) for k in range(c.num_encoders)]
+        )
         self.norm = nn.ModuleList([nn.LayerNorm(d, eps=1e-6) for d in dims])
         self.head_drop = nn.Dropout(c.drop_rate)
-        self.head = nn.ModuleList([nn.Linear(d, c.num_classes) if c.num_classes > 0 else nn.Identity() for d in dims])
+        self.head = nn.ModuleList([classifier_head(d, c.num_classes) for d in dims])
         init_vit_weights(self)
         for token in self.cls_token:
             nn.init.trunc_normal_(token, std=0.02)  # as timm and the official code
@@ -270,14 +297,9 @@ class CrossViT(nn.Module):
         Shape: x (B, C, 240, 240) -> [S (B, 1 + 400, C_S), L (B, 1 + 196, C_L)].
         """
         size = self.config.img_size
-        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1))
-        if x.shape[-2:] != (size, size):
-            # NOTE(paper): timm and the official code resize any input to each branch's size;
-            # we refuse instead, so that a wrong preprocessing shows.
-            raise ValueError(
-                f"expected image size {size}x{size}, got {x.shape[-2]}x{x.shape[-1]} (CrossViT resizes "
-                f"only inside the branches, to {self.config.branch_img_size})"
-            )
+        # NOTE(paper): timm and the official code resize any input to each branch's size;
+        # we refuse other sizes instead, so that a wrong preprocessing shows.
+        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1), img_size=(size, size))
         xs = []
         for embed, size, cls_token, pos_embed in zip(
             self.patch_embed, self.config.branch_img_size, self.cls_token, self.pos_embed
@@ -294,12 +316,18 @@ class CrossViT(nn.Module):
             xs = block(xs)
         return [norm(x) for norm, x in zip(self.norm, xs)]
 
-    def forward_head(self, xs: list[Tensor]) -> Tensor:
+    def forward_head(self, xs: list[Tensor], pre_logits: bool = False) -> Tensor:
         """Each branch's head on its cls token, then the mean of the two logits.
+
+        With ``pre_logits``, or without heads (``num_classes=0``), the two cls tokens
+        concatenated, (B, C_S + C_L), as timm.
 
         Shape: [(B, 1 + N_S, C_S), (B, 1 + N_L, C_L)] -> (B, num_classes).
         """
-        logits = [head(self.head_drop(x[:, 0])) for head, x in zip(self.head, xs)]
+        tokens = [self.head_drop(x[:, 0]) for x in xs]
+        if pre_logits or self.config.num_classes == 0:
+            return torch.cat(tokens, dim=1)
+        logits = [head(x) for head, x in zip(self.head, tokens)]
         return torch.stack(logits).mean(dim=0)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -307,23 +335,38 @@ class CrossViT(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     @torch.no_grad()
-    def get_cross_attention_maps(self, x: Tensor) -> list[list[Tensor]]:
-        """The fusion attention of every encoder (explicit path): S's cls over L's tokens,
-        then L's cls over S's tokens.
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Every attention map, in forward order (explicit path). For each of the K encoders:
+        the S branch's self-attention maps (rows and columns ``[cls_S, S patches]``), the L
+        branch's (``[cls_L, L patches]``), then the two cross-attention maps: S's projected cls
+        token (one row) over ``[it, L patches]``, and L's over ``[it, S patches]``.
 
-        Shape: x (B, C, H, W) -> K x [(B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
+        Shape: x (B, C, H, W) -> K x [N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L),
+        (B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
         """
         maps = []
         xs = self.embed(x)
         for block in self.blocks:
             xs, attn = block(xs, return_attn=True)
-            maps.append(attn)
+            maps.extend(attn)
         return maps
+
+    @torch.no_grad()
+    def get_cross_attention_maps(self, x: Tensor) -> list[list[Tensor]]:
+        """The cross-attention part of :meth:`get_attention_maps`, per encoder: S's cls over
+        L's tokens, then L's cls over S's tokens.
+
+        Shape: x (B, C, H, W) -> K x [(B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
+        """
+        maps = self.get_attention_maps(x)
+        per_encoder = sum(self.config.depth) + 2
+        ends = [(k + 1) * per_encoder for k in range(self.config.num_encoders)]
+        return [maps[end - 2 : end] for end in ends]
 
 
 CONFIGS: dict[str, CrossViTConfig] = {
     # CrossViT paper, Table 1 (K=3, N=1, L=1; heads equal in both branches); counts from timm,
-    # each slightly above the paper's rounded figure (REFERENCE_NUMBERS.md).
+    # each slightly above the paper's rounded figure (book/reference_numbers.md).
     "crossvit_tiny_240": CrossViTConfig(embed_dim=(96, 192), num_heads=(3, 3)),  # 7,014,800 params
     "crossvit_small_240": CrossViTConfig(embed_dim=(192, 384), num_heads=(6, 6)),  # 26,856,272 params
     "crossvit_base_240": CrossViTConfig(embed_dim=(384, 768), num_heads=(12, 12)),  # 105,025,232 params
@@ -342,6 +385,16 @@ CONFIGS: dict[str, CrossViTConfig] = {
 }
 
 MODEL = CrossViT
+
+FAMILY = FamilyInfo(
+    chapter=8,
+    properties=FamilyProperties("CrossViT", "learned, per branch", "non-overlapping, 2 patch sizes",
+                                "linear; cls cross-attention", "no (2 branches)", "chen2021crossvit",
+                                "crossvit_small_240", branches=2),
+    token_mixers=(Attention, ClassAttention),
+    tiny=("crossvit_tiny_240", dict(branch_img_size=(32, 32), patch_size=(8, 16), embed_dim=(16, 26),
+                                    num_encoders=1, depth=(1, 2), num_heads=(2, 2))),
+)  # fmt: skip
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: CrossViTConfig) -> dict[str, Tensor]:

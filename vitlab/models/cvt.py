@@ -17,15 +17,27 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, cast
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import DropPath, Mlp, check_heads, check_image, conv_output_size, explicit_attention, fused_attention
+from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.layers import (
+    DropPath,
+    Mlp,
+    check_heads,
+    check_image,
+    check_num_classes,
+    classifier_head,
+    conv_output_size,
+    drop_path_rates,
+    explicit_attention,
+    fused_attention,
+    with_attn,
+)
 from vitlab.models._init import init_vit_weights
-
 
 conv_out_size = conv_output_size  # the shared formula, under the name chapter 11 uses
 
@@ -53,7 +65,7 @@ class CvTConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     class_token: bool = True
-    attn_scale: Literal["embed_dim", "head_dim"] = "embed_dim"
+    qk_scale: Literal["embed_dim", "head_dim"] = "embed_dim"
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -75,11 +87,13 @@ class CvTConfig:
             raise ValueError(f"kernel_qkv must be odd (the q map keeps its size), got {self.kernel_qkv}")
         if self.stride_kv <= 0 or self.in_chans <= 0:
             raise ValueError(f"stride_kv and in_chans must be positive, got {self.stride_kv} and {self.in_chans}")
-        if self.attn_scale not in ("embed_dim", "head_dim"):
-            raise ValueError(f"attn_scale must be 'embed_dim' or 'head_dim', got {self.attn_scale!r}")
+        if self.qk_scale not in ("embed_dim", "head_dim"):
+            raise ValueError(f"qk_scale must be 'embed_dim' or 'head_dim', got {self.qk_scale!r}")
+        check_num_classes(self.num_classes)
         if not self.fits(self.img_size):
             raise ValueError(
-                f"img_size {self.img_size} is too small for these stages (token maps {self.stage_sizes(self.img_size)}); "
+                f"img_size {self.img_size} is too small for these stages "
+                f"(token maps {self.stage_sizes(self.img_size)}); "
                 f"the smallest size is {self.min_img_size}"
             )
 
@@ -130,7 +144,7 @@ class ConvEmbed(nn.Module):
 class ConvProjection(nn.Module):
     """Depthwise conv (one k x k filter per channel, ``groups=C``) + BatchNorm on the token map.
 
-    Each output channel sees only its own input channel (ERRATA 16: a conv with
+    Each output channel sees only its own input channel (pitfall 16: a conv with
     ``groups=heads`` would mix channels within a head's group only). The linear q/k/v
     layer that follows in :class:`ConvAttention` mixes the channels.
 
@@ -165,21 +179,21 @@ class ConvAttention(nn.Module):
         stride_kv: int = 2,
         qkv_bias: bool = True,
         with_cls_token: bool = False,
-        attn_scale: Literal["embed_dim", "head_dim"] = "embed_dim",
+        qk_scale: Literal["embed_dim", "head_dim"] = "embed_dim",
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        fused: bool = True,
+        fused_attn: bool = True,
     ) -> None:
         super().__init__()
-        if attn_scale not in ("embed_dim", "head_dim"):
-            raise ValueError(f"attn_scale must be 'embed_dim' or 'head_dim', got {attn_scale!r}")
+        if qk_scale not in ("embed_dim", "head_dim"):
+            raise ValueError(f"qk_scale must be 'embed_dim' or 'head_dim', got {qk_scale!r}")
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         # NOTE(paper): official CvT and HF scale the logits by embed_dim**-0.5, not the textbook
-        # head_dim**-0.5 (ERRATA 14): logits sqrt(heads) smaller. The released weights depend on it.
-        self.scale = (dim if attn_scale == "embed_dim" else self.head_dim) ** -0.5
+        # head_dim**-0.5 (pitfall 14): logits sqrt(heads) smaller. The released weights depend on it.
+        self.scale = (dim if qk_scale == "embed_dim" else self.head_dim) ** -0.5
         self.with_cls_token = with_cls_token
-        self.fused_attn = fused
+        self.fused_attn = fused_attn
         self.conv_proj_q = ConvProjection(dim, kernel_size=kernel_size, stride=1)  # q keeps every token
         self.conv_proj_k = ConvProjection(dim, kernel_size=kernel_size, stride=stride_kv)
         self.conv_proj_v = ConvProjection(dim, kernel_size=kernel_size, stride=stride_kv)
@@ -215,7 +229,7 @@ class ConvAttention(nn.Module):
         else:
             out, attn = explicit_attention(q, k, v, scale=self.scale, attn_drop=self.attn_drop)
         out = self.proj_drop(self.proj(rearrange(out, "B h N d -> B N (h d)")))
-        return (out, attn) if return_attn else out
+        return with_attn(out, attn, return_attn)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, scale={self.scale:.4f}, fused_attn={self.fused_attn}"
@@ -238,10 +252,10 @@ class CvTBlock(nn.Module):
             stride_kv=config.stride_kv,
             qkv_bias=config.qkv_bias,
             with_cls_token=config.class_token and stage == config.num_stages - 1,
-            attn_scale=config.attn_scale,
+            qk_scale=config.qk_scale,
             attn_drop=config.attn_drop_rate,
             proj_drop=config.drop_rate,
-            fused=config.fused_attn,
+            fused_attn=config.fused_attn,
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim)
@@ -250,9 +264,17 @@ class CvTBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * config.mlp_ratio), drop=config.drop_rate)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), grid_size))
-        return x + self.drop_path2(self.mlp(self.norm2(x)))
+    def forward(
+        self, x: Tensor, grid_size: tuple[int, int], return_attn: bool = False
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, C), grid_size (H, W) -> (B, N, C) [, attn (B, h, N, N_kv) when ``return_attn``]."""
+        if return_attn:
+            y, attn = self.attn(self.norm1(x), grid_size, return_attn=True)
+        else:
+            y, attn = self.attn(self.norm1(x), grid_size), None
+        x = x + self.drop_path1(y)
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return with_attn(x, attn, return_attn)
 
 
 class CvTStage(nn.Module):
@@ -277,16 +299,29 @@ class CvTStage(nn.Module):
         # Stochastic depth 0 -> rate over the last stage only, as every official config does.
         # NOTE(paper): HF gives every layer one constant rate; it matters only for training.
         top = config.drop_path_rate if last else 0.0
-        rates = torch.linspace(0, top, config.depths[stage], device="cpu").tolist()
+        rates = drop_path_rates(top, config.depths[stage])
         self.blocks = nn.ModuleList([CvTBlock(config, stage=stage, drop_path=r) for r in rates])
 
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    def forward_tokens(self, x: Tensor, maps: list[Tensor] | None = None) -> tuple[Tensor, tuple[int, int]]:
+        """The stage's tokens ``[cls,] map`` after its blocks; with ``maps`` (a list) each
+        block's attention map is appended to it.
+
+        Shape: x (B, C_in, H, W) -> (B, T + H'*W', D), grid (H', W').
+        """
         x, (H, W) = self.patch_embed(x)  # (B, H*W, D); no position embedding is added
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + H*W, D)
         x = self.pos_drop(x)
         for block in self.blocks:
-            x = block(x, (H, W))
+            if maps is None:
+                x = block(x, (H, W))
+            else:
+                x, attn = block(x, (H, W), return_attn=True)
+                maps.append(attn)
+        return x, (H, W)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        x, (H, W) = self.forward_tokens(x)
         cls_token = None
         if self.cls_token is not None:
             cls_token, x = x[:, :1], x[:, 1:]
@@ -306,10 +341,11 @@ class CvT(nn.Module):
         self.stages = nn.ModuleList([CvTStage(config, i) for i in range(config.num_stages)])
         D = config.embed_dims[-1]
         self.norm = nn.LayerNorm(D)
-        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)
-        if self.stages[-1].cls_token is not None:
-            nn.init.trunc_normal_(self.stages[-1].cls_token, std=0.02)  # official CvT init
+        last = cast(CvTStage, self.stages[-1])
+        if last.cls_token is not None:
+            nn.init.trunc_normal_(last.cls_token, std=0.02)  # official CvT init
 
     def check_input(self, x: Tensor) -> None:
         """Raise if ``x`` is not (B, in_chans, H, W) or too small for every stage to shrink it."""
@@ -324,22 +360,46 @@ class CvT(nn.Module):
             )
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Shape: x (B, C, H, W) -> (B, D), the normed cls token (or mean of the normed tokens)."""
-        self.check_input(x)
-        cls_token = None
-        for stage in self.stages:
-            x, cls_token = stage(x)
-        if cls_token is not None:
-            return self.norm(cls_token[:, 0])
-        return self.norm(rearrange(x, "B D H W -> B (H W) D")).mean(dim=1)
+        """The last stage's tokens ``[cls, map]`` (or the map alone), after the final norm.
 
-    def forward_head(self, x: Tensor) -> Tensor:
-        """Shape: x (B, D) -> (B, num_classes)."""
-        return self.head(x)
+        Shape: x (B, C, H, W) -> (B, T + H'*W', D), T = 1 with a cls token; (B, 1 + 196, 384)
+        for CvT-13 at 224 px.
+        """
+        self.check_input(x)
+        for stage in self.stages[:-1]:
+            x, _ = stage(x)
+        tokens, _ = cast(CvTStage, self.stages[-1]).forward_tokens(x)
+        return self.norm(tokens)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Classify the cls token (or the mean token without one).
+
+        Shape: x (B, T + N, D) -> (B, num_classes) ((B, D) with ``pre_logits``).
+        """
+        x = x[:, 0] if self.config.class_token else x.mean(dim=1)
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """One map per block, stage after stage (explicit path). Rows (queries): the stage's
+        tokens ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]`` the map squeezed
+        by ``stride_kv`` (ceil(H/2) x ceil(W/2)).
+
+        Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, T_i + H_i W_i, T_i + H'_i W'_i);
+        CvT-13 at 224 px: (B, 1, 3136, 784), 2 x (B, 3, 784, 196), 10 x (B, 6, 197, 50).
+        """
+        self.check_input(x)
+        maps: list[Tensor] = []
+        for stage in [cast(CvTStage, s) for s in self.stages]:
+            tokens, (H, W) = stage.forward_tokens(x, maps)
+            if stage.cls_token is not None:
+                tokens = tokens[:, 1:]
+            x = rearrange(tokens, "B (H W) D -> B D H W", H=H, W=W)
+        return maps
 
 
 CONFIGS: dict[str, CvTConfig] = {
@@ -354,6 +414,14 @@ CONFIGS: dict[str, CvTConfig] = {
 
 MODEL = CvT
 
+FAMILY = FamilyInfo(
+    chapter=11,
+    properties=FamilyProperties("CvT", "none", "overlapping conv (k7 s4, k3 s2)", "depthwise conv + BN, then linear",
+                                "yes (conv token embedding)", "wu2021cvt", "cvt_13"),
+    token_mixers=(ConvAttention,),
+    tiny=("cvt_13", dict(embed_dims=(16, 24, 30), depths=(1, 1, 1), num_heads=(1, 2, 2))),
+)  # fmt: skip
+
 # HuggingFace CvtForImageClassification name -> ours, applied in order to every key.
 _HF_RULES: tuple[tuple[str, str], ...] = (
     (r"^cvt\.encoder\.stages\.(\d+)\.", r"stages.\1."),
@@ -361,10 +429,14 @@ _HF_RULES: tuple[tuple[str, str], ...] = (
     (r"\.embedding\.convolution_embeddings\.normalization\.", ".patch_embed.norm."),
     (r"\.layers\.(\d+)\.", r".blocks.\1."),
     # convolution_projection_{query,key,value}: keep the first letter, q/k/v
-    (r"\.attention\.attention\.convolution_projection_(q|k|v)\w*\.convolution_projection\.convolution\.",
-     r".attn.conv_proj_\1.conv."),
-    (r"\.attention\.attention\.convolution_projection_(q|k|v)\w*\.convolution_projection\.normalization\.",
-     r".attn.conv_proj_\1.bn."),
+    (
+        r"\.attention\.attention\.convolution_projection_(q|k|v)\w*\.convolution_projection\.convolution\.",
+        r".attn.conv_proj_\1.conv.",
+    ),
+    (
+        r"\.attention\.attention\.convolution_projection_(q|k|v)\w*\.convolution_projection\.normalization\.",
+        r".attn.conv_proj_\1.bn.",
+    ),
     (r"\.attention\.attention\.projection_(q|k|v)\w*\.", r".attn.proj_\1."),
     (r"\.attention\.output\.dense\.", ".attn.proj."),
     (r"\.layernorm_before\.", ".norm1."),
@@ -374,23 +446,6 @@ _HF_RULES: tuple[tuple[str, str], ...] = (
     (r"^layernorm\.", "norm."),
     (r"^classifier\.", "head."),
 )
-
-
-def hf_config_fields(config: CvTConfig) -> dict[str, Any]:
-    """Keyword arguments of HuggingFace's ``CvtConfig`` for the model ``config`` describes, so
-    that ``CvtForImageClassification(CvtConfig(**hf_config_fields(config)))`` takes the weights
-    of :func:`convert_hf` (the tests and benchmarks/throughput.py build their references so).
-
-    Only the fields that differ between the presets are set: patch sizes, strides and
-    paddings, the qkv kernel and stride, the MLP ratio and qkv bias are the same in HF's
-    defaults and in every preset.
-    """
-    n = len(config.depths)
-    return dict(
-        num_labels=config.num_classes, num_channels=config.in_chans, embed_dim=list(config.embed_dims),
-        num_heads=list(config.num_heads), depth=list(config.depths),
-        cls_token=[False] * (n - 1) + [config.class_token],  # vitlab: a class token in the last stage only
-    )  # fmt: skip
 
 
 def convert_hf(state_dict: Mapping[str, Tensor], config: CvTConfig) -> dict[str, Tensor]:

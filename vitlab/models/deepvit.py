@@ -19,7 +19,18 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import Block, check_heads, check_image, collect_attention_maps, learned_position_embedding
+from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.layers import (
+    Attention,
+    Block,
+    check_heads,
+    check_image,
+    check_num_classes,
+    classifier_head,
+    collect_attention_maps,
+    drop_path_rates,
+    learned_position_embedding,
+)
 from vitlab.models._init import init_vit_weights
 
 STEM_STRIDE = 16  # conv 7x7 stride 2, then conv 8x8 stride 8: one token per 16x16 pixels
@@ -58,10 +69,10 @@ class DeepViTConfig:
                 f"(expected e.g. 224 for a 14x14 token grid)"
             )
         check_heads(self.embed_dim, self.num_heads)
+        check_num_classes(self.num_classes)
         if self.in_chans <= 0 or self.depth <= 0 or self.stem_dim <= 0:
             raise ValueError(
-                f"in_chans, stem_dim and depth must be positive, "
-                f"got {self.in_chans}, {self.stem_dim} and {self.depth}"
+                f"in_chans, stem_dim and depth must be positive, got {self.in_chans}, {self.stem_dim} and {self.depth}"
             )
         if not 0 <= self.num_reattention_blocks <= self.depth:
             raise ValueError(
@@ -176,42 +187,42 @@ class DeepViT(nn.Module):
     def __init__(self, config: DeepViTConfig) -> None:
         super().__init__()
         self.config = config
-        D, H = config.embed_dim, config.num_heads
+        D = config.embed_dim
         self.patch_embed = PatchEmbedCNN(config.img_size, config.in_chans, D, stem_dim=config.stem_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = learned_position_embedding(config.num_patches + 1, D)
         self.pos_drop = nn.Dropout(config.drop_rate)
         first_reattention = config.depth - config.num_reattention_blocks
-        # Explicitly on the CPU, so that the model can also be built on the "meta" device.
-        drop_path_rates = torch.linspace(0, config.drop_path_rate, config.depth, device="cpu").tolist()
-        self.blocks = nn.Sequential(*[
-            Block(
-                D,
-                num_heads=H,
-                mlp_ratio=config.mlp_ratio,
-                qkv_bias=config.qkv_bias,
-                drop=config.drop_rate,
-                attn_drop=config.attn_drop_rate,
-                drop_path=rate,
-                fused_attn=config.fused_attn,
-                attn=ReAttention(
+        self.blocks = nn.Sequential(
+            *[
+                Block(
                     D,
-                    num_heads=H,
-                    qkv_bias=config.qkv_bias,
-                    attn_drop=config.attn_drop_rate,
-                    proj_drop=config.drop_rate,
-                    transform_scale=config.transform_scale,
+                    mlp_ratio=config.mlp_ratio,
+                    drop=config.drop_rate,
+                    drop_path=rate,
+                    attn=self._attention(reattention=i >= first_reattention),
                 )
-                if i >= first_reattention
-                else None,  # None: vitlab's Attention, with fused and explicit paths
-            )
-            for i, rate in enumerate(drop_path_rates)
-        ])
+                for i, rate in enumerate(drop_path_rates(config.drop_path_rate, config.depth))
+            ]
+        )
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
-        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)
         nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (timm's ViT: std 1e-6)
+
+    def _attention(self, *, reattention: bool) -> nn.Module:
+        """Re-attention in the last blocks, vitlab's Attention (fused and explicit paths) before."""
+        c = self.config
+        if reattention:
+            return ReAttention(
+                c.embed_dim, num_heads=c.num_heads, qkv_bias=c.qkv_bias, attn_drop=c.attn_drop_rate,
+                proj_drop=c.drop_rate, transform_scale=c.transform_scale,
+            )  # fmt: skip
+        return Attention(
+            c.embed_dim, num_heads=c.num_heads, qkv_bias=c.qkv_bias, attn_drop=c.attn_drop_rate,
+            proj_drop=c.drop_rate, fused_attn=c.fused_attn,
+        )  # fmt: skip
 
     def embed(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, 1 + N, D)."""
@@ -230,9 +241,10 @@ class DeepViT(nn.Module):
         x = self.blocks(self.embed(x) * a)
         return self.norm(x / a)
 
-    def forward_head(self, x: Tensor) -> Tensor:
-        """Shape: x (B, 1 + N, D) -> (B, num_classes), from the cls token."""
-        return self.head(self.head_drop(x[:, 0]))
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Shape: x (B, 1 + N, D) -> (B, num_classes), from the cls token ((B, D) with ``pre_logits``)."""
+        x = self.head_drop(x[:, 0])
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
@@ -241,6 +253,8 @@ class DeepViT(nn.Module):
     @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """The map each block multiplies the values with (re-attended in re-attention blocks).
+        Rows (queries) and columns (keys) index ``[cls, patches]``. A re-attended map is a
+        mix of the heads' softmax maps, normalised by BatchNorm: its rows need not sum to 1.
 
         Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
         """
@@ -259,3 +273,11 @@ CONFIGS: dict[str, DeepViTConfig] = {
 }
 
 MODEL = DeepViT
+
+FAMILY = FamilyInfo(
+    chapter=5,
+    properties=FamilyProperties("DeepViT", "learned, 1 + N", "overlapping conv stem (k7 s2 … k8 s8)",
+                                "linear; re-attention mixes heads", "no", "zhou2021deepvit", "deepvit_s"),
+    token_mixers=(Attention, ReAttention),
+    tiny=("deepvit_s", dict(embed_dim=32, stem_dim=6, depth=2, num_heads=2, num_reattention_blocks=1)),
+)  # fmt: skip

@@ -19,7 +19,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vitlab.layers import PatchEmbed, check_patch_encoder_config, collect_attention_maps, encoder_blocks, learned_position_embedding
+from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.layers import (
+    Attention,
+    PatchEmbed,
+    check_num_classes,
+    check_patch_encoder_config,
+    classifier_head,
+    collect_attention_maps,
+    encoder_blocks,
+    learned_position_embedding,
+)
 from vitlab.models._init import init_vit_weights
 
 
@@ -51,8 +61,7 @@ class DeiTConfig:
             in_chans=self.in_chans,
             depth=self.depth,
         )
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
+        check_num_classes(self.num_classes)
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -103,14 +112,9 @@ class DeiT(nn.Module):
         )
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
-        self.head = self._make_head()
-        self.head_dist = self._make_head() if config.distilled else None
+        self.head = classifier_head(D, config.num_classes)
+        self.head_dist = classifier_head(D, config.num_classes) if config.distilled else None
         init_vit_weights(self)
-
-    def _make_head(self) -> nn.Module:
-        if self.config.num_classes == 0:
-            return nn.Identity()
-        return nn.Linear(self.config.embed_dim, self.config.num_classes)
 
     def embed(self, x: Tensor) -> Tensor:
         """Patch tokens with the cls (and dist) token prepended, position embedding added.
@@ -129,15 +133,21 @@ class DeiT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, prefix + N, D), after the final norm."""
         return self.norm(self.blocks(self.embed(x)))
 
-    def forward_head(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Classify the cls token (and the dist token with ``head_dist``).
+
+        With ``pre_logits`` the token the head reads, (B, D): the cls token, or the mean of
+        the cls and dist tokens of a distilled model (as timm).
 
         Shape: x (B, prefix + N, D) -> (B, num_classes), or a pair in distilled training.
         """
-        cls_logits = self.head(self.head_drop(x[:, 0]))
+        x_cls = self.head_drop(x[:, 0])
         if self.head_dist is None:
-            return cls_logits
-        dist_logits = self.head_dist(self.head_drop(x[:, 1]))
+            return x_cls if pre_logits else self.head(x_cls)
+        x_dist = self.head_drop(x[:, 1])
+        if pre_logits:
+            return (x_cls + x_dist) / 2
+        cls_logits, dist_logits = self.head(x_cls), self.head_dist(x_dist)
         if self.training:
             # NOTE(paper): as the official code; timm returns the pair only after
             # ``set_distilled_training(True)`` and the mean otherwise.
@@ -150,7 +160,8 @@ class DeiT(nn.Module):
 
     @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Attention maps of every block (explicit path).
+        """Attention maps of every block (explicit path). Rows (queries) and columns (keys)
+        index the same tokens, ``[cls, (dist,) patches]``, patches in row-major grid order.
 
         Shape: x (B, C, H, W) -> depth x (B, h, prefix + N, prefix + N).
         """
@@ -174,6 +185,14 @@ CONFIGS: dict[str, DeiTConfig] = {
 
 MODEL = DeiT
 
+FAMILY = FamilyInfo(
+    chapter=4,
+    properties=FamilyProperties("DeiT", "learned, 1 + N (2 + N ⚗)", "non-overlapping (k16 s16)", "linear",
+                                "no", "touvron2021deit", "deit_small_patch16_224"),
+    token_mixers=(Attention,),
+    tiny=("deit_tiny_distilled_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
+)  # fmt: skip
+
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: DeiTConfig) -> dict[str, Tensor]:
     """timm ``VisionTransformer`` / ``VisionTransformerDistilled`` weights -> ``DeiT``.
@@ -184,7 +203,6 @@ def convert_timm(state_dict: Mapping[str, Tensor], config: DeiTConfig) -> dict[s
     has_dist = "dist_token" in state_dict
     if has_dist != config.distilled:
         raise ValueError(
-            f"config has distilled={config.distilled} but the state dict "
-            f"{'has' if has_dist else 'has no'} 'dist_token'"
+            f"config has distilled={config.distilled} but the state dict {'has' if has_dist else 'has no'} 'dist_token'"
         )
     return dict(state_dict)

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import DropPath, check_image
+from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.layers import DropPath, check_image, check_num_classes, with_attn
 
 STEM_STRIDE = 16  # four stride-2 convs: 224 -> 112 -> 56 -> 28 -> 14
 
@@ -67,8 +68,7 @@ class LeViTConfig:
             value_dim = getattr(self, name) * D
             if value_dim <= 0 or value_dim != int(value_dim):
                 raise ValueError(f"{name} * key_dim must be a positive integer, got {getattr(self, name)} * {D}")
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes must be >= 0 (0 = no head), got {self.num_classes}")
+        check_num_classes(self.num_classes)
 
     @property
     def resolutions(self) -> list[int]:
@@ -103,18 +103,33 @@ def attention_bias_index(resolution: int, stride: int = 1) -> Tensor:
 CPU_FLASH_MIN_LOGITS = 128 * 128
 
 
+def biased_attention_map(q: Tensor, k: Tensor, bias: Tensor, *, scale: float) -> Tensor:
+    """``softmax(q k^T * scale + bias)``. Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k)
+    -> (B, h, N_q, N_k)."""
+    # Scaling q (N x D numbers) rather than the logits (N x N) is cheaper, same function.
+    logits = (q * scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); the bias after scaling (pitfall 12)
+    return logits.softmax(dim=-1)
+
+
 def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float) -> Tensor:
     """``softmax(q k^T * scale + bias) v``, written out: the explicit path.
 
     Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv), bias (h, N_q, N_k) -> (B, h, N_q, Dv).
     """
-    # Scaling q (N x D numbers) rather than the logits (N x N) is cheaper, same function.
-    attn = (q * scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); the bias after scaling (ERRATA 12)
-    return attn.softmax(dim=-1) @ v
+    return biased_attention_map(q, k, bias, scale=scale) @ v
+
+
+def cpu_flash_pays_off(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
+    """The CPU speed heuristic of :func:`fused_biased_attention`: is SDPA's flash kernel
+    faster than the explicit path here? Only for maps of at least ``CPU_FLASH_MIN_LOGITS``
+    logits per head, values at least as wide as keys, and a bias that needs no gradient
+    (otherwise SDPA takes its slow math kernel)."""
+    big = q.shape[-2] * k.shape[-2] >= CPU_FLASH_MIN_LOGITS
+    return big and q.shape[-1] <= v.shape[-1] and not bias.requires_grad
 
 
 def fused_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float) -> Tensor:
-    """:func:`biased_attention` through ``F.scaled_dot_product_attention`` where that is faster.
+    """Speed path of :func:`biased_attention` (same function) through ``F.scaled_dot_product_attention``.
 
     The bias goes in as a float ``attn_mask``, which SDPA adds to the scaled logits. On a GPU
     that is all. On CPU, SDPA's flash kernel takes a float mask only in 4-D and only when q,
@@ -122,14 +137,14 @@ def fused_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, sca
     path (benchmarks/README.md). LeViT's values are 2 or 4 times wider than its keys, but
     zero columns appended to q and k leave every dot product q . k unchanged, so they are
     padded to the value width (``scale`` is passed, so the padding does not change it). For
-    maps below ``CPU_FLASH_MIN_LOGITS``, values narrower than keys, or a bias that needs a
-    gradient (SDPA would take its math kernel), the CPU runs :func:`biased_attention`.
+    maps where :func:`cpu_flash_pays_off` says no, the CPU runs :func:`biased_attention`.
+    ``tests/test_levit.py`` checks that both paths agree.
 
     Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv), bias (h, N_q, N_k) -> (B, h, N_q, Dv).
     """
     D, Dv = q.shape[-1], v.shape[-1]
     if q.device.type == "cpu":
-        if bias.requires_grad or D > Dv or q.shape[-2] * k.shape[-2] < CPU_FLASH_MIN_LOGITS:
+        if not cpu_flash_pays_off(q, k, v, bias):
             return biased_attention(q, k, v, bias, scale=scale)
         q, k = F.pad(q, (0, Dv - D)), F.pad(k, (0, Dv - D))  # (B, h, N, Dv): zero columns
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), scale=scale)
@@ -167,7 +182,7 @@ class LeViTAttention(nn.Module):
 
     ``B`` is the learned bias ``attention_biases[:, attention_bias_idxs]``: one table of
     ``r * r`` values per head, gathered by query-key offset. It is zero-initialised and
-    added *after* scaling, not rescaled (ERRATA 12). With ``stride=2`` this is shrink
+    added *after* scaling, not rescaled (pitfall 12). With ``stride=2`` this is shrink
     attention: keys and values see the whole ``r x r`` map, queries every second position.
 
     Shape: x (B, r*r, dim) -> (B, ceil(r/stride)**2, out_dim).
@@ -175,13 +190,14 @@ class LeViTAttention(nn.Module):
 
     def __init__(
         self, dim: int, out_dim: int, *, key_dim: int, num_heads: int, attn_ratio: float, resolution: int,
-        stride: int = 1, fused: bool = True,
+        stride: int = 1, fused_attn: bool = True,
     ) -> None:  # fmt: skip
         super().__init__()
         self.num_heads, self.key_dim, self.val_dim = num_heads, key_dim, int(attn_ratio * key_dim)
         self.scale = key_dim**-0.5
         self.resolution, self.stride = resolution, stride
-        self.fused_attn = fused
+        self.fused_attn = fused_attn
+        self.cache_bias = True  # speed path of attention_bias(); False: gather every call
         h, D, Dv = num_heads, key_dim, self.val_dim
         if stride == 1:
             self.qkv = LinearNorm(dim, h * (2 * D + Dv))  # per head [q | k | v], as timm and the official code
@@ -193,11 +209,16 @@ class LeViTAttention(nn.Module):
         # around it (the shape changes), so its output must not start at zero.
         self.proj = LinearNorm(h * Dv, out_dim, bn_weight_init=0.0 if stride == 1 else 1.0)
         self.attention_biases = nn.Parameter(torch.zeros(h, resolution * resolution))
+        self.attention_bias_idxs: Tensor
         self.register_buffer("attention_bias_idxs", attention_bias_index(resolution, stride), persistent=False)
         self._bias_cache: tuple[tuple, Tensor] | None = None  # (key, gathered bias), see attention_bias
 
+    def gathered_bias(self) -> Tensor:
+        """The plain form: ``attention_biases[:, attention_bias_idxs]``. Shape: -> (h, N_q, N_k)."""
+        return self.attention_biases[:, self.attention_bias_idxs]
+
     def attention_bias(self) -> Tensor:
-        """The gathered bias ``attention_biases[:, attention_bias_idxs]``.
+        """:meth:`gathered_bias`, with a speed path (``cache_bias``, on by default).
 
         Inference (eval mode, no autograd) reuses the last gather, as timm does. The cache is
         keyed on the table's version counter (bumped by every in-place write:
@@ -207,8 +228,10 @@ class LeViTAttention(nn.Module):
         Shape: -> (h, N_q, N_k).
         """
         table = self.attention_biases
-        if self.training or torch.is_grad_enabled() or table.is_inference() or torch.compiler.is_compiling():
-            return table[:, self.attention_bias_idxs]  # autograd and compile need the gather in the graph
+        if not self.cache_bias or self.training or torch.is_grad_enabled() or table.is_inference():
+            return self.gathered_bias()
+        if torch.compiler.is_compiling():
+            return self.gathered_bias()  # autograd and compile need the gather in the graph
         key = (table._version, table.data_ptr(), table.device, table.dtype, self.attention_bias_idxs.data_ptr())
         if self._bias_cache is None or self._bias_cache[0] != key:
             self._bias_cache = (key, table[:, self.attention_bias_idxs])
@@ -218,7 +241,8 @@ class LeViTAttention(nn.Module):
         self._bias_cache = None  # training never reads it; free the memory
         return super().train(mode)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, r*r, dim) -> (B, N_q, out_dim) [, attn (B, h, N_q, r*r) when ``return_attn``]."""
         h, D = self.num_heads, self.key_dim
         if self.stride == 1:
             qkv = rearrange(self.qkv(x), "B N (h d) -> B h N d", h=h)
@@ -229,9 +253,16 @@ class LeViTAttention(nn.Module):
             x_q = rearrange(grid[:, :: self.stride, :: self.stride], "B H W C -> B (H W) C")  # (B, N_q, C)
             q = rearrange(self.q(x_q), "B N (h d) -> B h N d", h=h)  # (B, h, N_q, D)
         bias = self.attention_bias()  # (h, N_q, N_k)
-        attend = fused_biased_attention if self.fused_attn else biased_attention
-        out = attend(q, k, v, bias, scale=self.scale)  # (B, h, N_q, Dv)
-        return self.proj(self.act(rearrange(out, "B h N d -> B N (h d)")))
+        attn = None
+        if return_attn:
+            attn = biased_attention_map(q, k, bias, scale=self.scale)  # (B, h, N_q, N_k)
+            out = attn @ v
+        elif self.fused_attn:
+            out = fused_biased_attention(q, k, v, bias, scale=self.scale)  # (B, h, N_q, Dv)
+        else:
+            out = biased_attention(q, k, v, bias, scale=self.scale)
+        out = self.proj(self.act(rearrange(out, "B h N d -> B N (h d)")))
+        return with_attn(out, attn, return_attn)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, key_dim={self.key_dim}, stride={self.stride}, fused_attn={self.fused_attn}"
@@ -257,15 +288,18 @@ class LeViTBlock(nn.Module):
         super().__init__()
         self.attn = LeViTAttention(
             dim, dim, key_dim=config.key_dim, num_heads=num_heads, attn_ratio=config.attn_ratio,
-            resolution=resolution, fused=config.fused_attn,
+            resolution=resolution, fused_attn=config.fused_attn,
         )  # fmt: skip
         self.drop_path1 = DropPath(config.drop_path_rate)
         self.mlp = LeViTMlp(dim, int(dim * config.mlp_ratio))
         self.drop_path2 = DropPath(config.drop_path_rate)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop_path1(self.attn(x))
-        return x + self.drop_path2(self.mlp(x))
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, C) -> (B, N, C) [, attn (B, h, N, N) when ``return_attn``]."""
+        y, attn = self.attn(x, return_attn=True) if return_attn else (self.attn(x), None)
+        x = x + self.drop_path1(y)
+        x = x + self.drop_path2(self.mlp(x))
+        return with_attn(x, attn, return_attn)
 
 
 class LeViTDownsample(nn.Module):
@@ -277,14 +311,16 @@ class LeViTDownsample(nn.Module):
         super().__init__()
         self.attn_downsample = LeViTAttention(
             in_dim, out_dim, key_dim=config.key_dim, num_heads=in_dim // config.key_dim,
-            attn_ratio=config.down_attn_ratio, resolution=resolution, stride=2, fused=config.fused_attn,
+            attn_ratio=config.down_attn_ratio, resolution=resolution, stride=2, fused_attn=config.fused_attn,
         )  # fmt: skip
         self.mlp = LeViTMlp(out_dim, int(out_dim * config.mlp_ratio))
         self.drop_path = DropPath(config.drop_path_rate)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.attn_downsample(x)
-        return x + self.drop_path(self.mlp(x))
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, r*r, C_in) -> (B, N_q, C_out) [, attn (B, h, N_q, r*r) when ``return_attn``]."""
+        x, attn = self.attn_downsample(x, return_attn=True) if return_attn else (self.attn_downsample(x), None)
+        x = x + self.drop_path(self.mlp(x))
+        return with_attn(x, attn, return_attn)
 
 
 class LeViTStage(nn.Module):
@@ -296,13 +332,25 @@ class LeViTStage(nn.Module):
         self.downsample = (
             LeViTDownsample(dims[i - 1], dims[i], config=config, resolution=res[i - 1]) if i > 0 else nn.Identity()
         )
-        self.blocks = nn.Sequential(*[
-            LeViTBlock(dims[i], config=config, num_heads=config.num_heads[i], resolution=res[i])
-            for _ in range(config.depth[i])
-        ])
+        self.blocks = nn.Sequential(
+            *[
+                LeViTBlock(dims[i], config=config, num_heads=config.num_heads[i], resolution=res[i])
+                for _ in range(config.depth[i])
+            ]
+        )
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.blocks(self.downsample(x))
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Shape: x (B, N_in, C_in) -> (B, N, C) [, maps: shrink attention first, then one per block]."""
+        if not return_attn:
+            return self.blocks(self.downsample(x))
+        maps = []
+        if isinstance(self.downsample, LeViTDownsample):
+            x, attn = self.downsample(x, return_attn=True)
+            maps.append(attn)
+        for block in self.blocks:
+            x, attn = block(x, return_attn=True)
+            maps.append(attn)
+        return x, maps
 
 
 class LeViT(nn.Module):
@@ -333,6 +381,7 @@ class LeViT(nn.Module):
     def _make_head(self) -> nn.Module:
         """BatchNorm, dropout, Linear (LeViT's head is BN'd too). Shape: (B, C) -> (B, num_classes)."""
         C, num_classes = self.config.embed_dim[-1], self.config.num_classes
+        check_num_classes(num_classes)
         if num_classes == 0:
             return nn.Identity()
         linear = nn.Linear(C, num_classes)
@@ -342,24 +391,28 @@ class LeViT(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, r*r, C_last), r = 4 at 224 px."""
-        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1))
-        size = self.config.img_size
-        if x.shape[-2:] != (size, size):
-            expected = ", ".join(f"{r}x{r}" for r in self.config.resolutions)
-            H, W = x.shape[-2:]
-            raise ValueError(
-                f"expected image size {size}x{size} (the attention bias tables are built for {expected} "
-                f"feature maps), got {H}x{W} (a {H // STEM_STRIDE}x{W // STEM_STRIDE} first feature map)"
-            )
-        x = self.stem(x)  # (B, C, 14, 14)
-        return self.stages(rearrange(x, "B C H W -> B (H W) C"))
+        return self.stages(self.embed(x))
 
-    def forward_head(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    def embed(self, x: Tensor) -> Tensor:
+        """The conv stem's map as tokens. Shape: x (B, C, H, W) -> (B, 14*14, C0) at 224 px."""
+        size = self.config.img_size
+        # The attention bias tables are built for one set of map sizes, so only img_size is accepted.
+        check_image(
+            x, in_chans=self.config.in_chans, patch_size=(1, 1), img_size=(size, size),
+            fixed_by="the attention bias tables",
+        )  # fmt: skip
+        x = self.stem(x)  # (B, C, 14, 14)
+        return rearrange(x, "B C H W -> B (H W) C")
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Mean-pool the tokens (there is no cls token) and classify with both heads.
 
-        Shape: x (B, N, C) -> (B, num_classes), or a pair in distilled training.
+        Shape: x (B, N, C) -> (B, num_classes), or a pair in distilled training; the pooled
+        (B, C) with ``pre_logits``.
         """
         x = x.mean(dim=1)  # (B, C)
+        if pre_logits:
+            return x
         logits = self.head(x)
         if self.head_dist is None:
             return logits
@@ -372,18 +425,45 @@ class LeViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes) [or a pair, see the class docstring]."""
         return self.forward_head(self.forward_features(x))
 
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Every attention map, in forward order (explicit path), bias included: per stage, the
+        shrink attention first (stages 2 and 3; rows: every second position of the previous
+        map, columns: all of it), then one map per block (rows and columns: the stage's map).
+        All in row-major order; there is no cls token.
+
+        Shape: x (B, C, H, W) -> e.g. LeViT-128S at 224 px: 2 x (B, 4, 196, 196),
+        (B, 8, 49, 196), 3 x (B, 6, 49, 49), (B, 16, 16, 49), 4 x (B, 8, 16, 16).
+        """
+        maps = []
+        x = self.embed(x)
+        for stage in self.stages:
+            x, stage_maps = stage(x, return_attn=True)
+            maps += stage_maps
+        return maps
+
 
 CONFIGS: dict[str, LeViTConfig] = {
-    # Official `specification` (facebookresearch/LeViT levit.py; REFERENCE_NUMBERS.md Table 2):
+    # Official `specification` (facebookresearch/LeViT levit.py; book/reference_numbers.md):
     # C per stage, D = key_dim, N = heads, X = depth. Counts include head_dist (timm's).
     "levit_128s": LeViTConfig(embed_dim=(128, 256, 384), key_dim=16, num_heads=(4, 6, 8), depth=(2, 3, 4)),  # 7,777,058
     "levit_128": LeViTConfig(embed_dim=(128, 256, 384), key_dim=16, num_heads=(4, 8, 12), depth=(4, 4, 4)),  # 9,213,936
     "levit_192": LeViTConfig(embed_dim=(192, 288, 384), key_dim=32, num_heads=(3, 5, 6), depth=(4, 4, 4)),  # 10,947,069
     "levit_256": LeViTConfig(embed_dim=(256, 384, 512), key_dim=32, num_heads=(4, 6, 8), depth=(4, 4, 4)),  # 18,893,876
-    "levit_384": LeViTConfig(embed_dim=(384, 512, 768), key_dim=32, num_heads=(6, 9, 12), depth=(4, 4, 4)),  # 39,128,836
+    "levit_384": LeViTConfig(
+        embed_dim=(384, 512, 768), key_dim=32, num_heads=(6, 9, 12), depth=(4, 4, 4)
+    ),  # 39,128,836
 }
 
 MODEL = LeViT
+
+FAMILY = FamilyInfo(
+    chapter=10,
+    properties=FamilyProperties("LeViT", "none (attention bias)", "overlapping conv stem (4x k3 s2)",
+                                "linear + BatchNorm", "yes (shrink attention)", "graham2021levit", "levit_128s"),
+    token_mixers=(LeViTAttention,),
+    tiny=("levit_128s", dict(embed_dim=(16, 24, 32), key_dim=8, num_heads=(2, 2, 3), depth=(1, 1, 1))),
+)  # fmt: skip
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: LeViTConfig) -> dict[str, Tensor]:

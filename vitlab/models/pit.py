@@ -10,12 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.layers import Block, check_heads, check_image, conv_output_size
+from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.layers import (
+    Attention,
+    Block,
+    check_heads,
+    check_image,
+    check_num_classes,
+    classifier_head,
+    collect_attention_maps,
+    conv_output_size,
+    drop_path_rates,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +54,7 @@ class PiTConfig:
                 f"base_dims, depth and heads need one entry per stage, got lengths "
                 f"{len(self.base_dims)}, {len(self.depth)}, {len(self.heads)}"
             )
+        check_num_classes(self.num_classes)
         if self.img_size < self.patch_size:
             raise ValueError(f"img_size {self.img_size} is smaller than the stem's kernel {self.patch_size}")
         if self.stride <= 0 or min(self.base_dims, default=1) <= 0 or min(self.depth, default=1) <= 0:
@@ -70,7 +83,7 @@ class Pooling(nn.Module):
 
     A grouped conv with ``groups=in_ch`` and ``out_ch = 2 * in_ch``: every input channel
     makes two output channels from its own 3x3 neighbourhood, with no 1x1 conv after it
-    (ERRATA 10). The cls token gets a linear layer to the new width.
+    (pitfall 10). The cls token gets a linear layer to the new width.
 
     Shape: x (B, C, H, W), cls (B, 1, C) -> (B, 2C, ceil(H/2), ceil(W/2)), (B, 1, 2C).
     """
@@ -107,24 +120,33 @@ class Stage(nn.Module):
     ) -> None:
         super().__init__()
         self.pool = pool
-        self.blocks = nn.Sequential(*[
-            Block(
-                dim,
-                num_heads=heads,
-                mlp_ratio=mlp_ratio,
-                drop=drop,
-                attn_drop=attn_drop,
-                drop_path=drop_path[i],
-                fused_attn=fused_attn,
-            )
-            for i in range(depth)
-        ])
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    dim,
+                    num_heads=heads,
+                    mlp_ratio=mlp_ratio,
+                    drop=drop,
+                    attn_drop=attn_drop,
+                    drop_path=drop_path[i],
+                    fused_attn=fused_attn,
+                )
+                for i in range(depth)
+            ]
+        )
 
-    def forward(self, x: Tensor, cls_token: Tensor) -> tuple[Tensor, Tensor]:
+    def tokens(self, x: Tensor, cls_token: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Pool, then ``[cls, spatial tokens]`` as one sequence.
+
+        Shape: x (B, C_in, H, W), cls (B, 1, C_in) -> (B, 1 + H'W', C), grid (H', W').
+        """
         if self.pool is not None:
             x, cls_token = self.pool(x, cls_token)
-        B, C, H, W = x.shape
-        tokens = torch.cat([cls_token, rearrange(x, "B C H W -> B (H W) C")], dim=1)  # (B, 1 + HW, C)
+        H, W = x.shape[-2:]
+        return torch.cat([cls_token, rearrange(x, "B C H W -> B (H W) C")], dim=1), (H, W)  # (B, 1 + HW, C)
+
+    def forward(self, x: Tensor, cls_token: Tensor) -> tuple[Tensor, Tensor]:
+        tokens, (H, W) = self.tokens(x, cls_token)
         tokens = self.blocks(tokens)
         cls_token, x = tokens[:, :1], tokens[:, 1:]
         return rearrange(x, "B (H W) C -> B C H W", H=H, W=W), cls_token
@@ -146,46 +168,80 @@ class PiT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, dims[0], side, side))  # spatial, (1, C, H, W)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dims[0]))
         self.pos_drop = nn.Dropout(config.drop_rate)
-        # Explicitly on the CPU, so that the model can also be built on the "meta" device.
-        rates = torch.linspace(0, config.drop_path_rate, sum(config.depth), device="cpu").split(list(config.depth))
-        self.transformers = nn.ModuleList([
-            Stage(
-                dims[i],
-                depth=config.depth[i],
-                heads=config.heads[i],
-                mlp_ratio=config.mlp_ratio,
-                pool=Pooling(dims[i - 1], dims[i]) if i > 0 else None,
-                drop=config.drop_rate,
-                attn_drop=config.attn_drop_rate,
-                drop_path=rates[i].tolist(),
-                fused_attn=config.fused_attn,
-            )
-            for i in range(len(dims))
-        ])
+        rates = drop_path_rates(config.drop_path_rate, sum(config.depth))
+        starts = [sum(config.depth[:i]) for i in range(len(dims))]
+        self.transformers = nn.ModuleList(
+            [
+                Stage(
+                    dims[i],
+                    depth=config.depth[i],
+                    heads=config.heads[i],
+                    mlp_ratio=config.mlp_ratio,
+                    pool=Pooling(dims[i - 1], dims[i]) if i > 0 else None,
+                    drop=config.drop_rate,
+                    attn_drop=config.attn_drop_rate,
+                    drop_path=rates[starts[i] : starts[i] + config.depth[i]],
+                    fused_attn=config.fused_attn,
+                )
+                for i in range(len(dims))
+            ]
+        )
         self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
-        self.head = nn.Linear(dims[-1], config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = classifier_head(dims[-1], config.num_classes)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Shape: x (B, C, H, W) -> the normalised cls token (B, 1, C_last)."""
-        size, side = self.config.img_size, self.config.stage_sizes[0]
-        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1))
-        if x.shape[-2:] != (size, size):
-            raise ValueError(
-                f"expected image size {size}x{size} (the spatial position embedding is {side}x{side}), "
-                f"got {x.shape[-2]}x{x.shape[-1]}"
-            )
+    def embed(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The stem's token map with its position embedding, and the cls token.
+
+        Shape: x (B, C, H, W) -> map (B, C0, 27, 27), cls (B, 1, C0) at 224 px.
+        """
+        size = self.config.img_size
+        # The spatial position embedding is built for one map size, so only img_size is accepted.
+        check_image(
+            x, in_chans=self.config.in_chans, patch_size=(1, 1), img_size=(size, size),
+            fixed_by="the spatial position embeddings",
+        )  # fmt: skip
         x = self.pos_drop(self.patch_embed(x) + self.pos_embed)  # (B, C0, 27, 27)
-        cls_token = self.cls_token.expand(x.shape[0], -1, -1)
-        for stage in self.transformers:
+        return x, self.cls_token.expand(x.shape[0], -1, -1)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """The last stage's tokens ``[cls, 7x7 map]``, after the final norm.
+
+        Shape: x (B, C, H, W) -> (B, 1 + H'W', C_last), (B, 1 + 49, 576) for PiT-S.
+        """
+        x, cls_token = self.embed(x)
+        for stage in self.transformers[:-1]:
             x, cls_token = stage(x, cls_token)
-        return self.norm(cls_token)
+        last = cast(Stage, self.transformers[-1])
+        tokens, _ = last.tokens(x, cls_token)
+        return self.norm(last.blocks(tokens))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Classify from the cls token. Shape: x (B, 1 + N, C) -> (B, num_classes) ((B, C) with ``pre_logits``)."""
+        x = self.head_drop(x[:, 0])
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
-        return self.head(self.head_drop(self.forward_features(x)[:, 0]))
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """One map per block, stage after stage (explicit path). Rows (queries) and columns
+        (keys) index the stage's tokens ``[cls, spatial map]``, the map in row-major order.
+
+        Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, 1 + N_i, 1 + N_i);
+        N_i = 729, 196, 49 for PiT-S at 224 px.
+        """
+        maps = []
+        x, cls_token = self.embed(x)
+        for stage in [cast(Stage, s) for s in self.transformers]:
+            tokens, _ = stage.tokens(x, cls_token)
+            maps += collect_attention_maps(tokens, stage.blocks)
+            x, cls_token = stage(x, cls_token)
+        return maps
 
 
 CONFIGS: dict[str, PiTConfig] = {
@@ -199,6 +255,14 @@ CONFIGS: dict[str, PiTConfig] = {
 }
 
 MODEL = PiT
+
+FAMILY = FamilyInfo(
+    chapter=9,
+    properties=FamilyProperties("PiT", "learned spatial map (C, H, W)", "overlapping conv (k16 s8)", "linear",
+                                "yes (depthwise-conv pooling)", "heo2021pit", "pit_s_224"),
+    token_mixers=(Attention,),
+    tiny=("pit_ti_224", dict(base_dims=(8, 8, 8), depth=(1, 2, 2), heads=(1, 2, 4))),
+)  # fmt: skip
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: PiTConfig) -> dict[str, Tensor]:

@@ -29,16 +29,22 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
     Block,
     Mlp,
     check_heads,
     check_image,
+    check_num_classes,
+    classifier_head,
+    collect_attention_maps,
     conv_output_size,
+    drop_path_rates,
     explicit_attention,
     fused_attention,
     sincos_1d_position_embedding,
+    with_attn,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -85,14 +91,14 @@ class T2TViTConfig:
                 f"{TOTAL_STRIDE} (expected e.g. 224 for a 14x14 token grid)"
             )
         check_heads(self.embed_dim, self.num_heads)
+        check_num_classes(self.num_classes)
         if self.tokens_type not in ("performer", "transformer"):
             raise ValueError(f"tokens_type must be 'performer' or 'transformer', got {self.tokens_type!r}")
         if self.qk_scale not in ("head_dim", "embed_dim"):
             raise ValueError(f"qk_scale must be 'head_dim' or 'embed_dim', got {self.qk_scale!r}")
         if self.in_chans <= 0 or self.depth <= 0 or self.token_dim <= 0:
             raise ValueError(
-                f"in_chans, depth and token_dim must be positive, "
-                f"got {self.in_chans}, {self.depth}, {self.token_dim}"
+                f"in_chans, depth and token_dim must be positive, got {self.in_chans}, {self.depth}, {self.token_dim}"
             )
         if int(self.token_dim * self.kernel_ratio) < 1:
             raise ValueError(
@@ -124,25 +130,28 @@ class TokenAttention(nn.Module):
     Shape: x (B, N, dim) -> (B, N, in_dim).
     """
 
-    def __init__(self, dim: int, in_dim: int, *, qkv_bias: bool = False, fused: bool = True) -> None:
+    def __init__(self, dim: int, in_dim: int, *, qkv_bias: bool = False, fused_attn: bool = True) -> None:
         super().__init__()
         self.in_dim = in_dim
         # NOTE(paper): the official scale is dim**-0.5 with dim the *input* width (147, 576),
         # not the width of q and k (64). Kept, because the released weights depend on it.
         self.scale = dim**-0.5
-        self.fused_attn = fused
+        self.fused_attn = fused_attn
         self.qkv = nn.Linear(dim, in_dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(in_dim, in_dim)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N) when ``return_attn``]."""
         qkv = rearrange(self.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=1)
         q, k, v = qkv.unbind(0)  # each (B, 1, N, in_dim)
-        if self.fused_attn:
+        attn = None
+        if self.fused_attn and not return_attn:
             out = fused_attention(q, k, v, scale=self.scale)
         else:
-            out, _ = explicit_attention(q, k, v, scale=self.scale)
+            out, attn = explicit_attention(q, k, v, scale=self.scale)
         out = self.proj(rearrange(out, "B h N d -> B N (h d)"))
-        return rearrange(v, "B h N d -> B N (h d)") + out  # skip connection through v
+        out = rearrange(v, "B h N d -> B N (h d)") + out  # skip connection through v
+        return with_attn(out, attn, return_attn)
 
 
 class TokenTransformer(nn.Module):
@@ -154,13 +163,16 @@ class TokenTransformer(nn.Module):
     def __init__(self, dim: int, in_dim: int, *, mlp_ratio: float = 1.0, fused_attn: bool = True) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)  # eps 1e-5, as the official nn.LayerNorm default
-        self.attn = TokenAttention(dim, in_dim, fused=fused_attn)
+        self.attn = TokenAttention(dim, in_dim, fused_attn=fused_attn)
         self.norm2 = nn.LayerNorm(in_dim)
         self.mlp = Mlp(in_dim, int(in_dim * mlp_ratio))
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.attn(self.norm1(x))  # no "x +": the width changes, the skip is inside
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N) when ``return_attn``]."""
+        x, attn = self.attn(self.norm1(x), return_attn=True) if return_attn else (self.attn(self.norm1(x)), None)
+        # no "x +" above: the width changes, the skip is inside
+        x = x + self.mlp(self.norm2(x))
+        return with_attn(x, attn, return_attn)
 
 
 class TokenPerformer(nn.Module):
@@ -196,18 +208,29 @@ class TokenPerformer(nn.Module):
         wtx = torch.einsum("bti,mi->btm", x.float(), self.w)  # float: exp overflows in half precision
         return torch.exp(wtx - xd) / math.sqrt(self.m)
 
-    def single_attn(self, x: Tensor) -> Tensor:
-        """Shape: x (B, N, dim) -> (B, N, in_dim)."""
+    def single_attn(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N) when ``return_attn``].
+
+        The map is the one the Performer applies implicitly, ``phi(q) phi(k)^T / D``: written
+        out only on request (O(N^2) memory), never used for the output.
+        """
         k, q, v = torch.split(self.kqv(x), self.emb, dim=-1)  # each (B, N, d)
         kp, qp = self.prm_exp(k), self.prm_exp(q)  # (B, N, m)
         D = torch.einsum("bti,bi->bt", qp, kp.sum(dim=1)).unsqueeze(dim=2)  # normaliser (B, N, 1)
         kptv = torch.einsum("bin,bim->bnm", v.float(), kp)  # phi(k)^T v: (B, d, m)
         y = torch.einsum("bti,bni->btn", qp, kptv) / (D + self.epsilon)  # (B, N, d)
-        return v + self.dp(self.proj(y))  # skip connection through v, as in TokenAttention
+        out = v + self.dp(self.proj(y))  # skip connection through v, as in TokenAttention
+        if return_attn:
+            attn = (qp @ kp.transpose(1, 2)) / (D + self.epsilon)  # (B, N, N), rows sum to ~1
+            return out, attn[:, None]  # (B, 1, N, N): one "head"
+        return out
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.single_attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N) when ``return_attn``]."""
+        out = self.single_attn(self.norm1(x), return_attn)
+        x, attn = out if isinstance(out, tuple) else (out, None)
+        x = x + self.mlp(self.norm2(x))
+        return with_attn(x, attn, return_attn)
 
 
 class T2TModule(nn.Module):
@@ -242,11 +265,19 @@ class T2TModule(nn.Module):
         side = math.isqrt(x.shape[1])
         return rearrange(x, "B (H W) C -> B C H W", H=side, W=side)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Shape: x (B, C, H, W) -> (B, N, D) [, maps [(B, 1, 3136, 3136), (B, 1, 784, 784)]]."""
+        maps = []
         x = self.soft_split0(x).transpose(1, 2)  # (B, 3136, 147): 56 x 56 windows of 7 x 7 x 3
-        x = self.soft_split1(self.restructurize(self.attention1(x))).transpose(1, 2)  # (B, 784, 576)
-        x = self.soft_split2(self.restructurize(self.attention2(x))).transpose(1, 2)  # (B, 196, 576)
-        return self.project(x)  # (B, 196, D)
+        for attention, soft_split in ((self.attention1, self.soft_split1), (self.attention2, self.soft_split2)):
+            if return_attn:
+                x, attn = attention(x, return_attn=True)
+                maps.append(attn)
+            else:
+                x = attention(x)
+            x = soft_split(self.restructurize(x)).transpose(1, 2)  # (B, 784, 576), then (B, 196, 576)
+        x = self.project(x)  # (B, 196, D)
+        return (x, maps) if return_attn else x
 
 
 class T2TViT(nn.Module):
@@ -269,30 +300,29 @@ class T2TViT(nn.Module):
         self.pos_drop = nn.Dropout(config.drop_rate)
         head_dim = D // config.num_heads
         scale = (D if config.qk_scale == "embed_dim" else head_dim) ** -0.5
-        # Explicitly on the CPU, so that the model can also be built on the "meta" device.
-        rates = torch.linspace(0, config.drop_path_rate, config.depth, device="cpu").tolist()
-        self.blocks = nn.Sequential(*[
-            Block(
-                D,
-                num_heads=config.num_heads,
-                mlp_ratio=config.mlp_ratio,
-                drop=config.drop_rate,
-                drop_path=rate,
-                attn=Attention(
+        self.blocks = nn.Sequential(
+            *[
+                Block(
                     D,
-                    num_heads=config.num_heads,
-                    qkv_bias=config.qkv_bias,
-                    attn_drop=config.attn_drop_rate,
-                    proj_drop=config.drop_rate,
-                    scale=scale,
-                    fused=config.fused_attn,
-                ),
-                norm_eps=1e-5,  # the official code uses nn.LayerNorm's default
-            )
-            for rate in rates
-        ])
+                    mlp_ratio=config.mlp_ratio,
+                    drop=config.drop_rate,
+                    drop_path=rate,
+                    attn=Attention(
+                        D,
+                        num_heads=config.num_heads,
+                        qkv_bias=config.qkv_bias,
+                        attn_drop=config.attn_drop_rate,
+                        proj_drop=config.drop_rate,
+                        scale=scale,
+                        fused_attn=config.fused_attn,
+                    ),
+                    norm_eps=1e-5,  # the official code uses nn.LayerNorm's default
+                )
+                for rate in drop_path_rates(config.drop_path_rate, config.depth)
+            ]
+        )
         self.norm = nn.LayerNorm(D)
-        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)  # leaves pos_embed and the Performers' w alone
         nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (ViT's is ~0)
 
@@ -301,24 +331,46 @@ class T2TViT(nn.Module):
 
         Shape: x (B, C, H, W) -> (B, 1 + N, D).
         """
-        size, side = self.config.img_size, self.config.grid_sizes[-1]
-        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1))
-        if x.shape[-2:] != (size, size):
-            raise ValueError(
-                f"expected image size {size}x{size} (the position embedding is built for a "
-                f"{side}x{side} token grid), got {x.shape[-2]}x{x.shape[-1]}"
-            )
-        x = self.tokens_to_token(x)  # (B, N, D)
+        return self._embed(x)[0]
+
+    def _embed(self, x: Tensor, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
+        size = self.config.img_size
+        # The position embedding is built for one token grid, so only img_size is accepted.
+        check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1), img_size=(size, size))
+        maps: list[Tensor] = []
+        if return_attn:
+            x, maps = self.tokens_to_token(x, return_attn=True)  # (B, N, D)
+        else:
+            x = self.tokens_to_token(x)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
-        return self.pos_drop(x + self.pos_embed)
+        return self.pos_drop(x + self.pos_embed), maps
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, 1 + N, D), after the final norm."""
         return self.norm(self.blocks(self.embed(x)))
 
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Classify from the cls token. Shape: x (B, 1 + N, D) -> (B, num_classes) ((B, D) with ``pre_logits``)."""
+        x = x[:, 0]
+        return x if pre_logits else self.head(x)
+
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes), from the cls token."""
-        return self.head(self.forward_features(x)[:, 0])
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Every attention map, in forward order (explicit path).
+
+        First the two token layers of the T2T module, one head each, rows and columns the
+        tokens of one soft split (56 x 56, then 28 x 28 windows at 224 px, row-major): the
+        softmax map of a token transformer, or the map a Performer applies implicitly,
+        ``phi(q) phi(k)^T / D``. Then one map per backbone block over ``[cls, patches]``.
+
+        Shape: x (B, C, H, W) -> [(B, 1, 3136, 3136), (B, 1, 784, 784)] + depth x (B, h, 1 + N, 1 + N).
+        """
+        tokens, maps = self._embed(x, return_attn=True)
+        return maps + collect_attention_maps(tokens, self.blocks)
 
 
 CONFIGS: dict[str, T2TViTConfig] = {
@@ -340,3 +392,11 @@ CONFIGS: dict[str, T2TViTConfig] = {
 }
 
 MODEL = T2TViT
+
+FAMILY = FamilyInfo(
+    chapter=7,
+    properties=FamilyProperties("T2T-ViT", "fixed sin-cos, 1 + N", "overlapping soft split (unfold k7 s4 …)",
+                                "linear", "partial (tokenization)", "yuan2021t2t", "t2t_vit_14"),
+    token_mixers=(TokenTransformer, TokenPerformer, Attention),
+    tiny=("t2t_vit_14", dict(token_dim=14, embed_dim=32, depth=2, num_heads=2)),
+)  # fmt: skip

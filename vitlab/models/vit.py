@@ -14,9 +14,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
+    Attention,
     PatchEmbed,
+    check_num_classes,
     check_patch_encoder_config,
+    classifier_head,
     collect_attention_maps,
     encoder_blocks,
     learned_position_embedding,
@@ -55,6 +59,7 @@ class ViTConfig:
             in_chans=self.in_chans,
             depth=self.depth,
         )
+        check_num_classes(self.num_classes)
         if self.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
@@ -106,7 +111,7 @@ class ViT(nn.Module):
         )
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
-        self.head = nn.Linear(D, config.num_classes) if config.num_classes > 0 else nn.Identity()
+        self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)
 
     def embed(self, x: Tensor) -> Tensor:
@@ -123,16 +128,17 @@ class ViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, 1 + N, D), after the final norm."""
         return self.norm(self.blocks(self.embed(x)))
 
-    def forward_head(self, x: Tensor) -> Tensor:
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Pool the tokens (cls token or mean of the patch tokens) and classify.
 
-        Shape: x (B, 1 + N, D) -> (B, num_classes).
+        Shape: x (B, 1 + N, D) -> (B, num_classes), or the pooled (B, D) with ``pre_logits``.
         """
         if self.config.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)
         else:
             x = x[:, 0]
-        return self.head(self.head_drop(x))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
@@ -140,7 +146,8 @@ class ViT(nn.Module):
 
     @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Attention maps of every block (explicit path).
+        """Attention maps of every block (explicit path). Rows (queries) and columns (keys)
+        index the same tokens, ``[cls, patches]`` with the patches in row-major grid order.
 
         Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
         """
@@ -157,6 +164,14 @@ CONFIGS: dict[str, ViTConfig] = {
 }
 
 MODEL = ViT
+
+FAMILY = FamilyInfo(
+    chapter=3,
+    properties=FamilyProperties("ViT", "learned, 1 + N", "non-overlapping (k16 s16)", "linear",
+                                "no", "dosovitskiy2021vit", "vit_small_patch16_224"),
+    token_mixers=(Attention,),
+    tiny=("vit_tiny_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
+)  # fmt: skip
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:

@@ -1,0 +1,122 @@
+"""vitlab.checks.cross_attention_fusion: a right answer passes, each known mistake is named,
+and the check's definition is what vitlab's CrossViT computes in its multi-scale block.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
+from torch import Tensor, nn
+
+import vitlab
+
+NAME = "cross_attention_fusion"
+
+# ---------------------------------------------------------------- a right answer, written independently
+
+
+def fusion_ok(
+    x: Tensor, other: Tensor, f: nn.Module, g: nn.Module, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor,
+    num_heads: int, *, keys: str = "right", residual: str = "right", use_g: bool = True, use_wo: bool = True,
+) -> Tensor:  # fmt: skip
+    """Plain matrix products and view/transpose (the check uses einops and F.linear)."""
+    B, C = x.shape[0], other.shape[-1]
+    d = C // num_heads
+    t = f(x[:, 0:1])  # (B, 1, C)
+    z = {
+        "right": lambda: torch.cat((t, other[:, 1:]), dim=1),
+        "other_only": lambda: other[:, 1:],
+        "other_cls": lambda: other,
+        "own": lambda: torch.cat((t, x[:, 1:]), dim=1),
+    }[keys]()
+    T = z.shape[1]
+    q = (t @ wq.T).view(B, 1, num_heads, d).transpose(1, 2)
+    k = (z @ wk.T).view(B, T, num_heads, d).transpose(1, 2)
+    v = (z @ wv.T).view(B, T, num_heads, d).transpose(1, 2)
+    weights = torch.softmax(q @ k.transpose(2, 3) / d**0.5, dim=3)  # (B, h, 1, T)
+    out = (weights @ v).transpose(1, 2).reshape(B, 1, C)
+    if use_wo:
+        out = out @ wo.T
+    back = g if use_g else (lambda y: y)
+    if residual == "right":
+        new = back(t + out)
+    elif residual == "after_g":
+        new = x[:, 0:1] + back(out)
+    else:
+        new = back(out)
+    return torch.cat((new, x[:, 1:]), dim=1)
+
+
+def fusion_with_einsum(x: Tensor, other: Tensor, f: Any, g: Any, wq: Tensor, wk: Tensor, wv: Tensor,
+                       wo: Tensor, num_heads: int) -> Tensor:  # fmt: skip
+    """A second style: einsum, heads kept as an explicit axis."""
+    t = f(x[:, :1])
+    z = torch.cat([t, other[:, 1:]], 1)
+    h, C = num_heads, other.shape[-1]
+    q = torch.einsum("bnc,oc->bno", t, wq).unflatten(-1, (h, C // h))  # (B, 1, h, d)
+    k = torch.einsum("bnc,oc->bno", z, wk).unflatten(-1, (h, C // h))
+    v = torch.einsum("bnc,oc->bno", z, wv).unflatten(-1, (h, C // h))
+    logits = torch.einsum("bqhd,bkhd->bhqk", q, k) * (C // h) ** -0.5
+    y = torch.einsum("bhqk,bkhd->bqhd", logits.softmax(-1), v).flatten(2)  # (B, 1, C)
+    return torch.cat([g(t + torch.einsum("bnc,oc->bno", y, wo)), x[:, 1:]], 1)
+
+
+@pytest.mark.parametrize("solution", [fusion_ok, fusion_with_einsum], ids=["matmul", "einsum"])
+def test_a_right_answer_passes_quickly(capsys: pytest.CaptureFixture[str], solution: Any) -> None:
+    start = time.perf_counter()
+    assert_passes(capsys, NAME, solution)
+    assert time.perf_counter() - start < 2.0  # "well under a second" on a quiet CPU
+
+
+W = pytest.param  # (student function, words the message must contain)
+WRONG = [
+    W(lambda *a: fusion_ok(*a, use_g=False), "g is missing", id="no_g"),
+    W(lambda *a: fusion_ok(*a, keys="own"), "query's own branch", id="own_branch"),
+    W(lambda *a: fusion_ok(*a, keys="other_only"), "left out of the keys", id="query_not_a_key"),
+    W(lambda *a: fusion_ok(*a, keys="other_cls"), "other branch's own cls", id="other_cls_as_key"),
+    W(lambda *a: fusion_ok(*a, residual="after_g"), "residual is added after g", id="residual_after_g"),
+    W(lambda *a: fusion_ok(*a, residual="none"), "residual is missing", id="no_residual"),
+    W(lambda *a: fusion_ok(*a, use_wo=False), "output projection wo is missing", id="no_wo"),
+    W(lambda x, o, f, g, wq, wk, wv, wo, h: fusion_ok(x, o, f, g, wq.T, wk.T, wv.T, wo.T, h), "transposed",
+      id="transposed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fn", "words"), WRONG)
+def test_each_known_mistake_is_named(capsys: pytest.CaptureFixture[str], fn: Any, words: str) -> None:
+    assert_named_mistake(capsys, NAME, fn, words)
+
+
+def test_an_unknown_mistake_says_what_differs(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, NAME, lambda *a: fusion_ok(*a) * 1.5)
+    assert not result and result.erratum is None and "values differ" in line
+
+
+def test_returning_only_the_cls_token_is_a_shape_error(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, NAME, lambda *a: fusion_ok(*a)[:, :1])
+    assert not result and "expected shape" in line
+
+
+def test_the_definition_is_what_the_multi_scale_block_computes() -> None:
+    """With LayerNorm and biases neutral, fusion_ok gives vitlab's MultiScaleBlock outputs."""
+    torch.manual_seed(0)
+    block = vitlab.create_model("crossvit_tiny_240", num_encoders=1).eval().blocks[0]
+    block.blocks = nn.ModuleList([nn.Identity(), nn.Identity()])  # the fusion alone
+    xs = [torch.randn(2, 1 + 400, 96), torch.randn(2, 1 + 196, 192)]
+    with torch.no_grad():
+        for i in range(2):
+            block.fusion[i].norm1 = nn.Identity()
+            attn = block.fusion[i].attn
+            for layer in (attn.q, attn.k, attn.v, attn.proj):
+                if layer.bias is not None:
+                    layer.bias.zero_()
+        expected = block(xs)
+        for i, j in ((0, 1), (1, 0)):
+            attn = block.fusion[i].attn
+            got = fusion_ok(xs[i], xs[j], block.projs[i], block.revert_projs[i], attn.q.weight, attn.k.weight,
+                            attn.v.weight, attn.proj.weight, attn.num_heads)  # fmt: skip
+            torch.testing.assert_close(got, expected[i], atol=1e-5, rtol=1e-4)

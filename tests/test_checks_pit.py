@@ -1,0 +1,172 @@
+"""The PiT chapter's checks: right answers pass, each known wrong answer is named."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitlab import checks
+
+
+def stage_ok(
+    tokens: Tensor,
+    grid_size: tuple[int, int],
+    cw: Tensor,
+    cb: Tensor,
+    fw: Tensor,
+    fb: Tensor,
+) -> Tensor:
+    """Written without einops or vitlab: transpose/reshape, grouped conv, matmul."""
+    B, _, C = tokens.shape
+    cls, spatial = tokens[:, :1], tokens[:, 1:]
+    fmap = spatial.transpose(1, 2).reshape(B, C, *grid_size)
+    pooled = F.conv2d(fmap, cw, cb, stride=2, padding=1, groups=C)
+    out = pooled.flatten(2).transpose(1, 2)
+    return torch.cat([cls @ fw.T + fb, out], dim=1)
+
+
+def stage_ok_unfold(
+    tokens: Tensor,
+    grid_size: tuple[int, int],
+    cw: Tensor,
+    cb: Tensor,
+    fw: Tensor,
+    fb: Tensor,
+):
+    """A second style: no groups argument, windows cut with F.unfold and weighted by hand."""
+    B, _, C = tokens.shape
+    H, W = grid_size
+    fmap = tokens[:, 1:].permute(0, 2, 1).reshape(B, C, H, W).repeat_interleave(2, dim=1)  # (B, 2C, H, W)
+    windows = F.unfold(fmap, 3, padding=1, stride=2).reshape(B, 2 * C, 9, -1)  # (B, 2C, 9, L)
+    pooled = (windows * cw.reshape(1, 2 * C, 9, 1)).sum(2) + cb[None, :, None]  # (B, 2C, L)
+    return torch.cat([F.linear(tokens[:, :1], fw, fb), pooled.transpose(1, 2)], dim=1)
+
+
+def with_one_change(change: str) -> Callable[..., Tensor]:
+    def fn(
+        tokens: Tensor,
+        grid_size: tuple[int, int],
+        cw: Tensor,
+        cb: Tensor,
+        fw: Tensor,
+        fb: Tensor,
+    ) -> Tensor:
+        B, _, C = tokens.shape
+        H, W = grid_size
+        cls, spatial = tokens[:, :1], tokens[:, 1:]
+        if change == "naive_map":
+            fmap = spatial.reshape(B, C, H, W)
+        elif change == "swapped_hw":
+            fmap = spatial.transpose(1, 2).reshape(B, C, W, H).transpose(2, 3)
+        else:
+            fmap = spatial.transpose(1, 2).reshape(B, C, H, W)
+        pooled = F.conv2d(fmap, cw, cb, stride=2, padding=0 if change == "no_padding" else 1, groups=C)
+        if change == "naive_tokens":
+            out = pooled.reshape(B, -1, 2 * C)
+        elif change == "swapped_hw":
+            out = pooled.transpose(2, 3).flatten(2).transpose(1, 2)
+        else:
+            out = pooled.flatten(2).transpose(1, 2)
+        cls_out = F.linear(cls, fw, fb)
+        if change == "cls_conv":
+            cls_out = F.conv2d(cls.reshape(B, C, 1, 1), cw, cb, padding=1, stride=2, groups=C).reshape(B, 1, 2 * C)
+        if change == "no_cls":
+            return out
+        if change == "cls_last":
+            return torch.cat([out, cls_out], dim=1)
+        return torch.cat([cls_out, out], dim=1)
+
+    return fn
+
+
+def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> tuple[checks.CheckResult, str]:
+    result = checks.pit_pooling_stage(fn)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    return result, out.strip()
+
+
+@pytest.mark.parametrize("fn", [stage_ok, stage_ok_unfold])
+def test_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> None:
+    result, line = run(capsys, fn)
+    assert result.passed, line
+    assert line == "PASS pit_pooling_stage: all 4 cases match the reference"
+    assert best_time(capsys, checks.pit_pooling_stage, fn) < 1.0
+
+
+def best_time(
+    capsys: pytest.CaptureFixture[str],
+    check: Callable[..., object],
+    fn: Callable[..., Tensor],
+) -> float:
+    """Seconds of the fastest of three runs on one thread (on a shared machine, intra-op threads
+    waiting for each other would dominate these tiny tensors)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            check(fn)
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    return min(times)
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ("naive_map", "reshaped straight to (B, C, H, W)"),
+        ("swapped_hw", "height and width are swapped"),
+        ("naive_tokens", "reshaped straight back"),
+        ("cls_conv", "cls token was pooled with the grid"),
+        ("no_cls", "cls token is missing"),
+        ("cls_last", "put back at the end"),
+        ("no_padding", "not padded"),
+    ],
+)
+def test_wrong_answers_are_named(capsys: pytest.CaptureFixture[str], change: str, words: str) -> None:
+    result, line = run(capsys, with_one_change(change))
+    assert not result.passed
+    assert line.startswith("FAIL pit_pooling_stage [case ")
+    assert words in line, line
+
+
+def test_the_reference_is_vitlabs_pooling_layer() -> None:
+    """The check's reference agrees with the PiT model's own pooling stage."""
+    import vitlab
+
+    model = vitlab.create_model("pit_ti_224").eval()
+    pool = model.transformers[1].pool
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randn(2, 1 + 27 * 27, 64, generator=g)
+    with torch.no_grad():
+        fmap = tokens[:, 1:].transpose(1, 2).reshape(2, 64, 27, 27)
+        pooled, cls = pool(fmap, tokens[:, :1])
+        expected = torch.cat([cls, pooled.flatten(2).transpose(1, 2)], dim=1)
+        got = stage_ok(
+            tokens,
+            (27, 27),
+            pool.conv.weight,
+            pool.conv.bias,
+            pool.fc.weight,
+            pool.fc.bias,
+        )
+    torch.testing.assert_close(got, expected)
+
+
+def test_not_implemented_and_crash(capsys: pytest.CaptureFixture[str]) -> None:
+    def todo(*args: object) -> Tensor:
+        raise NotImplementedError
+
+    result, line = run(capsys, todo)
+    assert result.status == "not implemented" and line.startswith("TODO")
+    result, line = run(capsys, lambda *a: 1 / 0)
+    assert not result.passed and "ZeroDivisionError" in line

@@ -1,0 +1,326 @@
+"""``create_model(name, pretrained=True)`` offline: a fabricated Hugging Face cache.
+
+No test downloads anything. Each test builds, in a temporary folder, the cache folder
+that ``huggingface_hub`` would have written after downloading the real repository
+(``models--<org>--<name>/{blobs,refs,snapshots}``, files in ``blobs`` named by their
+hash, ``snapshots/<commit>/<file>`` symlinks to them, ``refs/main`` holding the commit),
+filled with random weights of the right shapes, sets ``HF_HUB_OFFLINE=1`` and checks
+that vitlab and the reference library, reading the same cache, give the same logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import vitlab
+from conftest import assert_same_logits, perturb_, random_images
+from vitlab import pretrained
+from vitlab.family import family_of
+
+timm = pytest.importorskip("timm")
+huggingface_hub = pytest.importorskip("huggingface_hub")
+
+# One small model per family with released weights.
+TIMM_MODELS = [
+    "vit_tiny_patch16_224",
+    "deit_tiny_distilled_patch16_224",
+    pytest.param("cait_xxs24_224", marks=pytest.mark.slow),  # 26 blocks: the slowest to build and run
+    "crossvit_9_240",
+    "pit_ti_224",
+    "levit_128s",
+]
+HF_MODEL = "cvt_13"
+COMMIT = hashlib.sha1(b"vitlab fabricated snapshot").hexdigest()  # any 40-hex commit id
+
+
+# ---------------------------------------------------------------- the fabricated cache
+
+
+def _git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def write_snapshot(hub_cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
+    """Put ``files`` (name in the repo -> file on disk) in ``hub_cache`` as huggingface_hub does.
+
+    Large (LFS) files are stored under their sha256, small ones under their git blob sha1;
+    the snapshot holds relative symlinks to the blobs. Returns the snapshot folder.
+    """
+    repo = hub_cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, path in files.items():
+        data = path.read_bytes()
+        is_lfs = name.endswith((".safetensors", ".bin"))
+        blob = hashlib.sha256(data).hexdigest() if is_lfs else _git_blob_sha1(data)
+        (repo / "blobs" / blob).write_bytes(data)
+        (snapshot / name).symlink_to(Path("..", "..", "blobs", blob))
+    return snapshot
+
+
+def add_timm_repo(hub_cache: Path, name: str, work: Path) -> torch.nn.Module:
+    """The repository of timm's default pretrained tag of ``name``, with perturbed random weights.
+
+    Written by timm's own ``save_for_hf`` (``config.json`` + ``model.safetensors``, the
+    files of the ``timm/...`` repositories), plus a README. Returns the saved model.
+    """
+    cfg = timm.models.get_pretrained_cfg(name)
+    torch.manual_seed(0)
+    model = perturb_(timm.create_model(name, pretrained=False)).eval()
+    out = work / cfg.hf_hub_id.replace("/", "--")
+    timm.models.save_for_hf(model, str(out), safe_serialization=True)
+    (out / "README.md").write_text(f"---\ntags:\n- timm\n---\n# {cfg.hf_hub_id} (fabricated for a test)\n")
+    write_snapshot(hub_cache, cfg.hf_hub_id, {p.name: p for p in out.iterdir()})
+    return model
+
+
+def add_cvt_repo(hub_cache: Path, repo_id: str, work: Path) -> torch.nn.Module:
+    """A ``microsoft/cvt-13``-shaped repository written by ``save_pretrained`` (config.json,
+    model.safetensors) plus the repository's ``preprocessor_config.json``."""
+    transformers = pytest.importorskip("transformers")
+    info = timm.data.ImageNetInfo()
+    id2label = {i: info.index_to_description(i) for i in range(info.num_classes())}
+    config = transformers.CvtConfig(num_labels=len(id2label), id2label=id2label)  # HF defaults are CvT-13
+    torch.manual_seed(0)
+    model = transformers.CvtForImageClassification(config).eval()
+    perturb_(model)
+    out = work / repo_id.replace("/", "--")
+    model.save_pretrained(out)
+    processor = {
+        "crop_pct": 0.875,
+        "do_normalize": True,
+        "do_resize": True,
+        "feature_extractor_type": "ConvNextFeatureExtractor",
+        "image_mean": list(timm.data.IMAGENET_DEFAULT_MEAN),
+        "image_std": list(timm.data.IMAGENET_DEFAULT_STD),
+        "resample": 3,
+        "size": 224,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+    write_snapshot(hub_cache, repo_id, {p.name: p for p in out.iterdir()})
+    return model
+
+
+def go_offline(monkeypatch: pytest.MonkeyPatch, hf_home: Path) -> Path:
+    """``HF_HUB_OFFLINE=1`` and ``HF_HOME`` = ``hf_home``; huggingface_hub reads both at import,
+    so its constants are patched too. Returns the hub cache folder."""
+    hub_cache = hf_home / "hub"
+    hub_cache.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HOME", str(hf_home))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
+    return hub_cache
+
+
+class FabricatedHub:
+    """One HF_HOME for the whole file; each repository is written the first time a test needs it."""
+
+    def __init__(self, hf_home: Path, work: Path) -> None:
+        self.hf_home, self.work = hf_home, work
+        self.saved: dict[str, torch.nn.Module] = {}  # the reference model written for each name
+
+    def add(self, name: str) -> Path:
+        if name not in self.saved:
+            if name == HF_MODEL:
+                repo_id = pretrained.pretrained_source(name)[1]
+                self.saved[name] = add_cvt_repo(self.hf_home / "hub", repo_id, self.work)
+            else:
+                self.saved[name] = add_timm_repo(self.hf_home / "hub", name, self.work)
+        return self.hf_home
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> FabricatedHub:
+    return FabricatedHub(tmp_path_factory.mktemp("hf_home"), tmp_path_factory.mktemp("saved"))
+
+
+# ---------------------------------------------------------------- the mapping
+
+
+def test_every_family_with_released_weights_has_a_source() -> None:
+    sources = pretrained.pretrained_sources()
+    families = {family_of(name) for name in sources}
+    assert families == {"vit", "deit", "cait", "crossvit", "pit", "levit", "cvt"}
+    for name, (source, weights_id) in sources.items():
+        assert pretrained.has_pretrained(name)
+        if source == "timm":  # timm's default tag of the model of the same name
+            assert weights_id.split(".")[0] == name
+            assert timm.models.get_pretrained_cfg(name).hf_hub_id == f"timm/{weights_id}"
+    assert sources["cvt_13"] == ("hf", "microsoft/cvt-13")
+    assert sources["cvt_21"] == ("hf", "microsoft/cvt-21")
+    assert set(vitlab.list_models("cvt")) <= set(sources)
+
+
+@pytest.mark.parametrize(
+    ("name", "where"), [("deepvit_s", "zhoudaquan/dvit_repo"), ("t2t_vit_14", "yitu-opensource/T2T-ViT")]
+)
+def test_unreleased_weights_say_where_the_official_ones_are(name: str, where: str) -> None:
+    assert not pretrained.has_pretrained(name)
+    with pytest.raises(ValueError, match="no released weights in timm or on the Hugging Face hub") as error:
+        vitlab.create_model(name, pretrained=True)
+    assert where in str(error.value)
+
+
+def test_pretrained_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="pretrained must be a bool"):
+        vitlab.create_model("vit_tiny_patch16_224", pretrained="yes")  # pyright: ignore[reportArgumentType]
+
+
+# ---------------------------------------------------------------- offline, nothing cached
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", HF_MODEL])
+def test_offline_without_a_cached_copy_fails_fast_and_says_how(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub_cache = go_offline(monkeypatch, tmp_path)
+    if name == HF_MODEL:
+        from transformers import CvtForImageClassification  # noqa: F401 (imported outside the timing)
+    start = time.perf_counter()
+    with pytest.raises(pretrained.WeightsUnavailableError) as error:
+        vitlab.create_model(name, pretrained=True)
+    elapsed = time.perf_counter() - start
+    assert isinstance(error.value, OSError)
+    message = str(error.value)
+    for words in (repr(name), "could not download", "internet", "Hugging Face cache", str(hub_cache), "HF_HOME"):
+        assert words in message
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+
+
+def test_unreachable_hub_without_offline_flag_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No HF_HUB_OFFLINE, no network: no half-minute of retries per file."""
+    hub_cache = go_offline(monkeypatch, tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(pretrained, "_hub_reachable", lambda timeout=3.0: False)
+    start = time.perf_counter()
+    with pytest.raises(pretrained.WeightsUnavailableError, match="hub cannot be reached"):
+        vitlab.create_model("vit_tiny_patch16_224", pretrained=True)
+    assert time.perf_counter() - start < 10
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # restored
+    assert str(hub_cache) in huggingface_hub.constants.HF_HUB_CACHE
+
+
+def test_unknown_override_fails_before_any_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    go_offline(monkeypatch, tmp_path)
+    with pytest.raises(TypeError, match="no field"):
+        vitlab.create_model("vit_tiny_patch16_224", pretrained=True, not_a_field=1)
+
+
+# ---------------------------------------------------------------- the fabricated cache
+
+
+def test_fabricated_cache_has_the_hub_layout(hub: FabricatedHub) -> None:
+    fabricated_cache = hub.add("vit_tiny_patch16_224")
+    hub.add(HF_MODEL)
+    repo = fabricated_cache / "hub" / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    assert (repo / "refs" / "main").read_text() == COMMIT
+    weights = repo / "snapshots" / COMMIT / "model.safetensors"
+    assert weights.is_symlink() and weights.resolve().parent == (repo / "blobs").resolve()
+    assert weights.resolve().name == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert (repo / "snapshots" / COMMIT / "config.json").is_file()
+    assert (fabricated_cache / "hub" / "models--microsoft--cvt-13" / "snapshots" / COMMIT / "config.json").is_file()
+
+
+@pytest.mark.parametrize("name", TIMM_MODELS)
+def test_pretrained_timm_models_match_timm_from_the_same_cache(
+    name: str, hub: FabricatedHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    go_offline(monkeypatch, hub.add(name))
+    model = vitlab.create_model(name, pretrained=True).eval()
+    reference = timm.create_model(name, pretrained=True).eval()  # timm's own loader, same cache
+    size = vitlab.get_config(name).img_size
+    assert_same_logits(model, reference, random_images(1, size), atol=1e-4)
+
+
+def test_pretrained_cvt_matches_transformers_from_the_same_cache(
+    hub: FabricatedHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    go_offline(monkeypatch, hub.add(HF_MODEL))
+    model = vitlab.create_model(HF_MODEL, pretrained=True).eval()
+    reference = transformers.CvtForImageClassification.from_pretrained("microsoft/cvt-13").eval()
+    assert_same_logits(model, reference, random_images(1, 224), atol=1e-4)
+
+
+def test_num_classes_override_keeps_the_backbone_and_gives_a_fresh_head(
+    hub: FabricatedHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A distilled model has two heads (``head``, ``head_dist``): both are replaced."""
+    name = "deit_tiny_distilled_patch16_224"
+    go_offline(monkeypatch, hub.add(name))
+    released = vitlab.convert_state_dict(name, hub.saved[name].state_dict(), "timm")
+    tuned = vitlab.create_model(name, pretrained=True, num_classes=10, drop_path_rate=0.1).state_dict()
+    heads = {key for key in released if released[key].shape != tuned[key].shape}
+    assert heads == {"head.weight", "head.bias", "head_dist.weight", "head_dist.bias"}
+    for key, value in tuned.items():
+        if key in heads:
+            assert value.shape[0] == 10
+        else:
+            assert torch.equal(value, released[key]), key
+
+
+# ---------------------------------------------------------------- preprocessing and labels
+
+
+def test_load_image_tensor_uses_timms_transform_for_the_models_pretrained_cfg() -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, size=(300, 400, 3), dtype=np.uint8)
+    for name in ["vit_tiny_patch16_224", "crossvit_9_240", "levit_128s"]:
+        cfg = timm.data.resolve_data_config(pretrained_cfg=timm.models.get_pretrained_cfg(name).to_dict())
+        expected = timm.data.create_transform(**cfg)(Image.fromarray(image)).unsqueeze(0)
+        got = pretrained.load_image_tensor(name, image)
+        size = vitlab.get_config(name).img_size
+        assert got.shape == (1, 3, size, size)
+        torch.testing.assert_close(got, expected)
+    gray = pretrained.load_image_tensor("vit_tiny_patch16_224", image[..., 0])
+    assert gray.shape == (1, 3, 224, 224)
+    with pytest.raises(TypeError, match="uint8"):
+        pretrained.load_image_tensor("vit_tiny_patch16_224", image.astype(np.float32))
+
+
+def test_cvt_preprocessing_matches_the_hf_image_processor() -> None:
+    transformers = pytest.importorskip("transformers")
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, size=(300, 400, 3), dtype=np.uint8))
+    processor = transformers.ConvNextImageProcessor(
+        size={"shortest_edge": 224},
+        crop_pct=0.875,
+        resample=3,
+        image_mean=list(timm.data.IMAGENET_DEFAULT_MEAN),
+        image_std=list(timm.data.IMAGENET_DEFAULT_STD),
+    )
+    expected = processor(image, return_tensors="pt")["pixel_values"]
+    got = pretrained.load_image_tensor("cvt_13", image)
+    assert got.shape == expected.shape == (1, 3, 224, 224)
+    # Both resize with PIL's bicubic filter; rounding to uint8 differs by at most one level.
+    assert (got - expected).abs().max() < 0.05
+
+
+def test_top_k_names_imagenet_classes() -> None:
+    logits = torch.full((1, 1000), -10.0)
+    logits[0, 281], logits[0, 282] = 5.0, 4.0
+    top = pretrained.top_k(logits, k=3)
+    assert [name for name, _ in top[:2]] == ["tabby, tabby cat", "tiger cat"]
+    probs = [p for _, p in top]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1 + 1e-6
+    assert pretrained.top_k(logits[0], k=1)[0][0] == "tabby, tabby cat"
+    with pytest.raises(ValueError, match="ImageNet-1k logits"):
+        pretrained.top_k(torch.zeros(2, 1000))

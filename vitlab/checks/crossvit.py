@@ -1,0 +1,140 @@
+"""Check for the CrossViT chapter: one direction of the cross-attention fusion, f and g included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from vitlab.checks._core import (
+    Case,
+    CheckResult,
+    KnownWrong,
+    generator,
+    run_check,
+    shape,
+)
+from vitlab.layers.attention import explicit_attention
+from vitlab.models.crossvit import CrossAttentionBlock, projection
+
+# (B, N_i, C_i, N_j, C_j, heads): the first case has equal widths, so that answers that
+# skip g or attend over their own branch still run and can be named; then the two
+# directions of a CrossViT with different widths (S -> L and L -> S).
+_SIZES = ((2, 5, 8, 3, 8, 2), (2, 6, 8, 4, 12, 3), (1, 3, 12, 7, 8, 2))
+
+
+def _randomise(module: nn.Module, g: torch.Generator) -> nn.Module:
+    """Seeded weights for f or g (LayerNorm -> GELU -> Linear): LayerNorm not at identity."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if isinstance(module.get_submodule(name.rsplit(".", 1)[0]), nn.LayerNorm):
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * noise)
+            else:
+                p.copy_(noise * p.shape[-1] ** -0.5 if p.ndim == 2 else 0.1 * noise)
+    return module.eval()
+
+
+def _reference(x: Tensor, other: Tensor, f: nn.Module, g: nn.Module, wq: Tensor, wk: Tensor, wv: Tensor,
+               wo: Tensor, num_heads: int) -> Tensor:  # fmt: skip
+    """vitlab's fusion (``MultiScaleBlock``, one direction) with no LayerNorm and no biases."""
+    width = other.shape[-1]
+    block = CrossAttentionBlock(width, num_heads=num_heads, qkv_bias=False, fused_attn=False).eval()
+    setattr(block, "norm1", nn.Identity())  # the exercise leaves out the pre-norm
+    with torch.no_grad():
+        for layer, w in zip((block.attn.q, block.attn.k, block.attn.v, block.attn.proj), (wq, wk, wv, wo)):
+            layer.weight.copy_(w)
+        block.attn.proj.bias.zero_()
+        query = f(x[:, :1])  # (B, 1, C_j)
+        fused = block(torch.cat([query, other[:, 1:]], dim=1))  # (B, 1, C_j): f(cls) + CA
+        return torch.cat([g(fused), x[:, 1:]], dim=1)  # (B, 1 + N_i, C_i)
+
+
+def _fusion(
+    x: Tensor, other: Tensor, f: nn.Module, g: nn.Module, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor,
+    num_heads: int, *, keys: str = "query+other", residual: str = "before g", use_g: bool = True,
+    use_wo: bool = True, transposed: bool = False,
+) -> Tensor:  # fmt: skip
+    """The fusion written out; the keywords turn on the known wrong answers."""
+    linear = (lambda t, w: t @ w) if transposed else F.linear
+    query = f(x[:, :1])  # (B, 1, C_j)
+    if keys == "query+other":  # right: [f(cls_i), patches_j]
+        z = torch.cat([query, other[:, 1:]], dim=1)
+    elif keys == "other only":  # the query's own token left out of the keys
+        z = other[:, 1:]
+    elif keys == "other with its cls":  # [cls_j, patches_j]: the other branch's own cls
+        z = other
+    else:  # "own branch": [f(cls_i), patches_i], runs only when the widths are equal
+        z = torch.cat([query, x[:, 1:]], dim=1)
+    q = rearrange(linear(query, wq), "B n (h d) -> B h n d", h=num_heads)
+    k = rearrange(linear(z, wk), "B n (h d) -> B h n d", h=num_heads)
+    v = rearrange(linear(z, wv), "B n (h d) -> B h n d", h=num_heads)
+    out, _ = explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5)
+    out = rearrange(out, "B h n d -> B n (h d)")
+    if use_wo:
+        out = linear(out, wo)
+    if residual == "before g":  # right: g(f(cls) + CA)
+        cls = g(query + out) if use_g else query + out
+    elif residual == "after g":  # lucidrains: cls + g(CA)
+        cls = x[:, :1] + (g(out) if use_g else out)
+    else:  # no residual: g(CA)
+        cls = g(out) if use_g else out
+    return torch.cat([cls, x[:, 1:]], dim=1)
+
+
+def cross_attention_fusion(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(x, other, f, g, wq, wk, wv, wo, num_heads) -> x_new``: one direction of
+    CrossViT's cross-attention fusion, the projections between the widths included.
+
+    ``x`` holds branch i's tokens ``[cls_i, patches_i]`` (width ``C_i``), ``other`` branch
+    j's ``[cls_j, patches_j]`` (width ``C_j``). ``f`` maps a ``(B, 1, C_i)`` token to
+    ``C_j`` and ``g`` maps ``C_j`` back to ``C_i`` (call them: they are
+    :func:`vitlab.models.crossvit.projection` modules, LayerNorm -> GELU -> Linear).
+    ``wq, wk, wv, wo`` are ``(C_j, C_j)`` weights stored as ``nn.Linear`` stores them.
+    With ``t = f(cls_i)`` and ``z = [t, patches_j]`` (the projected query is one of the
+    keys, as in the official code, timm and vitlab; ``cls_j`` is not):
+    ``q = F.linear(t, wq)``, ``k = F.linear(z, wk)``, ``v = F.linear(z, wv)``, split into
+    ``num_heads`` heads ``(h d)``, ``softmax(q k^T / sqrt(d)) v``, heads merged,
+    ``F.linear(., wo)``; then the residual at width ``C_j`` and g:
+    ``cls_new = g(t + attended)``. Return ``[cls_new, patches_i]``: the patch tokens pass
+    through unchanged. No LayerNorm before the attention and no biases (vitlab's
+    ``CrossAttentionBlock`` has both; the check removes them).
+
+    Shape: x (B, 1 + N_i, C_i), other (B, 1 + N_j, C_j) -> (B, 1 + N_i, C_i).
+    """
+    cases = []
+    for seed, (B, n_i, c_i, n_j, c_j, h) in enumerate(_SIZES):
+        gen = generator(100 + seed)
+        x = torch.randn(B, 1 + n_i, c_i, generator=gen)
+        other = torch.randn(B, 1 + n_j, c_j, generator=gen)
+        f = _randomise(projection(c_i, c_j), gen)
+        g = _randomise(projection(c_j, c_i), gen)
+        wq, wk, wv, wo = (torch.randn(c_j, c_j, generator=gen) * c_j**-0.5 for _ in range(4))
+        label = f"x {shape(x)}, other {shape(other)}, num_heads={h}"
+        cases.append(Case(label, (x, other, f, g, wq, wk, wv, wo, h)))
+
+    def wrong(message: str, **knobs: Any) -> KnownWrong:
+        return KnownWrong(lambda *args: _fusion(*args, **knobs), message)
+
+    wrongs = [
+        wrong("g is missing: the fused token f(cls) + CA is C_j wide; project it back with g, "
+              "cls_new = g(f(cls) + CA)", use_g=False),
+        wrong("the keys and values come from the query's own branch; the cls token asks the OTHER "
+              "branch: z = [f(cls_i), patches_j]", keys="own branch"),
+        wrong("the projected cls token is left out of the keys and values; CrossViT (official code, "
+              "timm, vitlab) attends over z = [f(cls_i), patches_j], the query included", keys="other only"),
+        wrong("the keys include the other branch's own cls token; replace it by the projected query: "
+              "z = [f(cls_i), patches_j]", keys="other with its cls"),
+        wrong("the residual is added after g, at the branch's own width (cls + g(CA), as lucidrains' "
+              "vit-pytorch); CrossViT adds it at the other width, then applies g: g(f(cls) + CA)",
+              residual="after g"),
+        wrong("the residual is missing: cls_new = g(f(cls) + CA), not g(CA)", residual="none"),
+        wrong("the output projection wo is missing: CA = F.linear(softmax(q k^T / sqrt(d)) v, wo)", use_wo=False),
+        wrong("the weights are used transposed (t @ w); they are stored as nn.Linear stores them, "
+              "(C_out, C_in): F.linear(t, w), i.e. t @ w.T", transposed=True),
+    ]  # fmt: skip
+    return run_check("cross_attention_fusion", fn, cases, _reference, known_wrong=wrongs)

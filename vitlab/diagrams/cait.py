@@ -1,0 +1,78 @@
+"""Figure of chapter 6: CaiT's two stages, LayerScale and class-attention."""
+
+from __future__ import annotations
+
+import torch
+
+import vitlab
+from vitlab.diagrams._style import Diagram, shape_label
+from vitlab.diagrams._trace import trace_shapes
+
+
+def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
+    """CaiT preset ``name``: patch embedding and position embedding without [cls];
+    ``depth`` self-attention blocks (talking heads, LayerScale) over the patches only;
+    ``depth_token_only`` class-attention blocks where the [cls] token alone is updated;
+    final norm over [cls, patches] and the head. Shapes from a traced pass.
+    """
+    cfg = vitlab.get_config(name)
+    with torch.device("meta"):  # shapes only: no memory, no random init
+        model = vitlab.create_model(name)
+    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
+    names = ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "blocks_token_only.0", "blocks_token_only.0.mlp.fc1",
+             "norm", "head"]  # fmt: skip
+    shapes = trace_shapes(model, size, names)
+    n_patches, width = shapes["patch_embed"][1:]
+    hidden = shapes["blocks.0.mlp.fc1"][-1]
+    hidden_ca = shapes["blocks_token_only.0.mlp.fc1"][-1]
+    cls_shape = shapes["blocks_token_only.0"][1:]
+    heads, d = cfg.num_heads, width // cfg.num_heads
+    eps = f"{cfg.init_values:g}"
+    p = cfg.patch_size
+
+    d_ = Diagram(f"{name}: self-attention, then class-attention")
+    d_.block("img", "image", kind="data")
+    d_.block("embed", f"patch embedding\nConv2d {p}×{p}, stride {p}", kind="embed")
+    d_.arrow("img", "embed", shape_label(size[1:]))
+    d_.block("pos", "+ position embeddings\n(patches only: no [cls])", kind="embed", changed=True)
+    d_.arrow("embed", "pos", shape_label((n_patches, width)))
+    with d_.group(f"self-attention stage: block × {cfg.depth}", changed=True):
+        d_.block("sa", f"LayerNorm → talking-heads\nattention, {heads} heads × {d}", kind="attention", changed=True)
+        d_.block("ls1", f"LayerScale ×γ, γ₀ = {eps}", kind="norm", changed=True)
+        d_.op("add1", "+")
+        d_.block("mlp", f"LayerNorm → MLP\n{width} → {hidden} → {width}", kind="mlp")
+        d_.block("ls2", f"LayerScale ×γ, γ₀ = {eps}", kind="norm", changed=True)
+        d_.op("add2", "+")
+    d_.arrow("pos", "sa", shape_label((n_patches, width)))
+    d_.arrow("sa", "ls1")
+    d_.arrow("ls1", "add1")
+    d_.arrow("add1", "mlp")
+    d_.arrow("mlp", "ls2")
+    d_.arrow("ls2", "add2")
+    d_.arrow("pos", "add1", dashed=True, constraint=False)  # the residual stream
+    d_.arrow("add1", "add2", dashed=True, constraint=False)
+    d_.block("cls", "[cls] token", kind="embed")
+    with d_.group(f"class-attention stage: block × {cfg.depth_token_only}", changed=True):
+        d_.block("ca", f"class-attention: q from [cls],\nk, v from [cls, patches]\n{heads} heads, "
+                 f"map 1 × {1 + n_patches}", kind="attention", changed=True)  # fmt: skip
+        d_.block("ls3", "LayerScale", kind="norm", changed=True)
+        d_.op("add3", "+")
+        d_.block("mlp2", f"LayerNorm → MLP on [cls]\n{width} → {hidden_ca} → {width}", kind="mlp")
+        d_.block("ls4", "LayerScale", kind="norm", changed=True)
+        d_.op("add4", "+")
+    d_.arrow("add2", "ca", f"patches {shape_label((n_patches, width))}\n(not updated)")
+    d_.arrow("cls", "ca", shape_label(cls_shape))
+    d_.arrow("ca", "ls3")
+    d_.arrow("ls3", "add3")
+    d_.arrow("add3", "mlp2", shape_label(cls_shape))
+    d_.arrow("mlp2", "ls4")
+    d_.arrow("ls4", "add4")
+    d_.arrow("cls", "add3", dashed=True, constraint=False)  # the residual: [cls] only
+    d_.arrow("add3", "add4", dashed=True, constraint=False)
+    d_.block("norm", "concat [cls, patches]\n→ LayerNorm", kind="norm")
+    d_.arrow("add4", "norm", shape_label(cls_shape))
+    d_.block("head", "Linear head on [cls]", kind="head")
+    d_.arrow("norm", "head", shape_label(shapes["norm"][1:]))
+    d_.block("logits", "logits", kind="data")
+    d_.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    return d_

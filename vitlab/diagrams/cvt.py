@@ -1,0 +1,64 @@
+"""Figure of chapter 11: CvT's three stages, each a conv token embedding and conv-attention blocks."""
+
+from __future__ import annotations
+
+import vitlab
+from vitlab.diagrams._style import Diagram, shape_label
+from vitlab.diagrams._trace import trace_shapes
+
+
+def cvt_figure(name: str = "cvt_13") -> Diagram:
+    """CvT preset ``name``: per stage a convolutional token embedding (overlapping conv +
+    LayerNorm) and blocks whose attention makes q, k, v with depthwise convs (k and v
+    squeezed); the cls token joins in the last stage. Shapes from a traced pass.
+    """
+    cfg = vitlab.get_config(name)
+    model = vitlab.create_model(name)
+    n = cfg.num_stages
+    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
+    names = ["head"]
+    for i in range(n):
+        names += [f"stages.{i}.patch_embed", f"stages.{i}.blocks.0", f"stages.{i}.blocks.0.attn.conv_proj_k"]
+        names += [f"stages.{i}.blocks.0.mlp.fc1"]
+    shapes = trace_shapes(model, size, names)
+    q_k = cfg.kernel_qkv
+
+    d = Diagram(f"{name}: convolutions in three stages")
+    d.block("img", "image", kind="data")
+    previous, arrow = "img", shape_label(size[1:])
+    for i in range(n):
+        k, s = cfg.patch_sizes[i], cfg.patch_strides[i]
+        n_tokens, width = shapes[f"stages.{i}.patch_embed"][1:]
+        tokens = shapes[f"stages.{i}.blocks.0"][1]
+        keys = shapes[f"stages.{i}.blocks.0.attn.conv_proj_k"][1] + (tokens - n_tokens)
+        hidden = shapes[f"stages.{i}.blocks.0.mlp.fc1"][-1]
+        heads = cfg.num_heads[i]
+        with d.group(f"stage {i + 1}"):
+            e = f"embed{i}"
+            d.block(e, f"conv token embedding\nConv {k}×{k}, stride {s} + LayerNorm", kind="embed", changed=True)
+            into_blocks = e
+            if tokens > n_tokens:
+                c = f"cls{i}"
+                d.block(c, "prepend [cls]\n(last stage only)", kind="embed", changed=True)
+                d.arrow(e, c, shape_label((n_tokens, width)))
+                into_blocks = c
+            with d.group(f"block × {cfg.depths[i]}"):
+                a, m = f"attn{i}", f"mlp{i}"
+                d.block(
+                    a,
+                    f"conv projection: depthwise {q_k}×{q_k} + BN,\nk, v stride {cfg.stride_kv};"
+                    f" then Linear q, k, v\n{heads} head{'s' if heads > 1 else ''}: {tokens} queries, {keys} keys",
+                    kind="attention",
+                    changed=True,
+                )
+                d.block(m, f"MLP {width} → {hidden} → {width}", kind="mlp")
+                d.arrow(a, m)
+            d.arrow(into_blocks, a, shape_label((tokens, width)))
+        d.arrow(previous, e, arrow)  # outside the group, so the previous block stays outside it
+        previous = m
+        arrow = shape_label((tokens, width)) if i == n - 1 else "tokens → 2-D map"
+    d.block("head", "LayerNorm,\nLinear head on [cls]", kind="head")
+    d.arrow(previous, "head", arrow)
+    d.block("logits", "logits", kind="data")
+    d.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    return d

@@ -1,0 +1,27 @@
+"""Helpers to build the reference implementations ``vitlab`` is checked against.
+
+Used by the tests and ``benchmarks/throughput.py``, never by the models themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitlab.models.cvt import CvTConfig
+
+
+def hf_config_fields(config: CvTConfig) -> dict[str, Any]:
+    """Keyword arguments of HuggingFace's ``CvtConfig`` for the model ``config`` describes, so
+    that ``CvtForImageClassification(CvtConfig(**hf_config_fields(config)))`` takes the weights
+    of :func:`vitlab.models.cvt.convert_hf`.
+
+    Only the fields that differ between the presets are set: patch sizes, strides and
+    paddings, the qkv kernel and stride, the MLP ratio and qkv bias are the same in HF's
+    defaults and in every preset.
+    """
+    n = len(config.depths)
+    return dict(
+        num_labels=config.num_classes, num_channels=config.in_chans, embed_dim=list(config.embed_dims),
+        num_heads=list(config.num_heads), depth=list(config.depths),
+        cls_token=[False] * (n - 1) + [config.class_token],  # vitlab: a class token in the last stage only
+    )  # fmt: skip
