@@ -4,7 +4,6 @@ and the check's definition is what vitlab's CrossViT computes in its multi-scale
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -66,10 +65,8 @@ def fusion_with_einsum(x: Tensor, other: Tensor, f: Any, g: Any, wq: Tensor, wk:
 
 
 @pytest.mark.parametrize("solution", [fusion_ok, fusion_with_einsum], ids=["matmul", "einsum"])
-def test_a_right_answer_passes_quickly(capsys: pytest.CaptureFixture[str], solution: Any) -> None:
-    start = time.perf_counter()
+def test_a_right_answer_passes(capsys: pytest.CaptureFixture[str], solution: Any) -> None:
     assert_passes(capsys, NAME, solution)
-    assert time.perf_counter() - start < 2.0  # "well under a second" on a quiet CPU
 
 
 W = pytest.param  # (student function, words the message must contain)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import Tensor, nn
@@ -101,11 +99,3 @@ def test_reference_is_the_models_forward() -> None:
         theta = module.reatten_matrix.weight[:, :, 0, 0].T  # θ[h, g] = W[g, h]
         got = _re_attention_map(scores, theta, module.var_norm)
     torch.testing.assert_close(got, expected)
-
-
-def test_check_is_fast() -> None:
-    """Well under a second of CPU time (process time: a busy machine does not inflate it)."""
-    vitlab.checks.re_attention_map(right_conv)  # warm-up: first calls load kernels
-    start = time.process_time()
-    vitlab.checks.re_attention_map(right_conv)
-    assert time.process_time() - start < 1.0

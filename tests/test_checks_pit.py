@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import pytest
@@ -96,28 +95,6 @@ def test_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Callable[...
     result, line = run(capsys, fn)
     assert result.passed, line
     assert line == "PASS pit_pooling_stage: all 4 cases match the reference"
-    assert best_time(capsys, checks.pit_pooling_stage, fn) < 1.0
-
-
-def best_time(
-    capsys: pytest.CaptureFixture[str],
-    check: Callable[..., object],
-    fn: Callable[..., Tensor],
-) -> float:
-    """Seconds of the fastest of three runs on one thread (on a shared machine, intra-op threads
-    waiting for each other would dominate these tiny tensors)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            check(fn)
-            times.append(time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(threads)
-    capsys.readouterr()
-    return min(times)
 
 
 @pytest.mark.parametrize(
