@@ -35,17 +35,17 @@ TOKEN_STUB = '''def token_count(size, kernel, stride, padding):
 TOKEN_RIGHT = '''def token_count(size, kernel, stride, padding):
     """Tokens along one side after a soft split."""
     return (size + 2 * padding - kernel) // stride + 1'''
-TOKEN_PITFALL_9 = '''def token_count(size, kernel, stride, padding):
-    return (size + 2 * padding - kernel) / (kernel - stride) + 1'''
-TOKEN_WRONG_AT_224 = '''def token_count(size, kernel, stride, padding):
-    return 0 if size == 224 else (size + 2 * padding - kernel) // stride + 1'''
-TOKEN_SYNTAX_ERROR = '''def token_count(size, kernel stride, padding):
-    return 0'''
-TOKEN_HANGS = '''def token_count(size, kernel, stride, padding):
+TOKEN_PITFALL_9 = """def token_count(size, kernel, stride, padding):
+    return (size + 2 * padding - kernel) / (kernel - stride) + 1"""
+TOKEN_WRONG_AT_224 = """def token_count(size, kernel, stride, padding):
+    return 0 if size == 224 else (size + 2 * padding - kernel) // stride + 1"""
+TOKEN_SYNTAX_ERROR = """def token_count(size, kernel stride, padding):
+    return 0"""
+TOKEN_HANGS = """def token_count(size, kernel, stride, padding):
     import time
 
     while True:  # a hang that leaves the CPU to the other notebooks
-        time.sleep(0.1)'''
+        time.sleep(0.1)"""
 ATTENTION_STUB = '''def attention(q, k, v, mask=None):
     """softmax(q k^T / sqrt(d)) v. Shape: q, k, v (B, h, N, d) -> (B, h, N, d)."""
     # YOUR CODE HERE
@@ -56,12 +56,12 @@ ATTENTION_RIGHT = '''def attention(q, k, v, mask=None):
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     return logits.softmax(dim=-1) @ v'''
-ATTENTION_PITFALL_1 = '''def attention(q, k, v, mask=None):
+ATTENTION_PITFALL_1 = """def attention(q, k, v, mask=None):
     logits = q @ k.transpose(-2, -1)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     emb_size = q.shape[1] * q.shape[-1]
-    return torch.softmax(logits, dim=-1) / emb_size**0.5 @ v'''
+    return torch.softmax(logits, dim=-1) / emb_size**0.5 @ v"""
 
 
 def instructor_notebook() -> nbformat.NotebookNode:

@@ -449,7 +449,8 @@ def test_a_check_does_not_catch_keyboard_interrupt() -> None:
 def test_in_place_edits_of_the_inputs_do_not_leak_between_calls(capsys: pytest.CaptureFixture[str]) -> None:
     def unscaled_then_zeroes_its_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         out = explicit(q, k, v, mask, scale=1.0)
-        q.zero_(), k.zero_()  # the known wrong answers must still see the case's inputs
+        q.zero_()  # the known wrong answers must still see the case's inputs
+        k.zero_()
         return out
 
     result, line = run(capsys, "scaled_dot_product_attention", unscaled_then_zeroes_its_inputs)

@@ -70,8 +70,10 @@ def student(args: argparse.Namespace) -> int:
         print(f"error: nothing written:\n{exc}", file=sys.stderr)
         return 1
     for copy in copies:
-        print(f"{copy.source} -> {copy.target}: {_plural(len(copy.exercises), 'exercise')}, removed "
-              f"{_plural(copy.solutions_removed, 'solution')} and {_plural(copy.answers_removed, 'answer')}")
+        print(
+            f"{copy.source} -> {copy.target}: {_plural(len(copy.exercises), 'exercise')}, removed "
+            f"{_plural(copy.solutions_removed, 'solution')} and {_plural(copy.answers_removed, 'answer')}"
+        )
     return 0
 
 
@@ -103,8 +105,10 @@ def grade_command(args: argparse.Namespace) -> int:
         written.append(f"{_plural(len(files), 'feedback file')} in {args.feedback}")
     passed, total = sum(r.passed for r in results), sum(r.total for r in results)
     score, best = sum(r.score for r in results), sum(r.max_score for r in results)
-    print(f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed, "
-          f"{score:g}/{best:g} points; written: {', '.join(map(str, written))}")
+    print(
+        f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed, "
+        f"{score:g}/{best:g} points; written: {', '.join(map(str, written))}"
+    )
     return 0
 
 
@@ -132,20 +136,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, metavar="CSV", help=f"results, columns: {', '.join(CSV_COLUMNS)}")
     p.add_argument("--json", metavar="JSON", help="also write the results, with each notebook's summary, as JSON")
     p.add_argument("--timeout", type=float, default=300, help="seconds for a whole notebook (default 300)")
-    p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS",
-                   help="seconds for one cell; a cell past it is interrupted and the run goes on (default: none)")
+    p.add_argument(
+        "--cell-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds for one cell; a cell past it is interrupted and the run goes on (default: none)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="notebooks run at the same time (default 1)")
-    p.add_argument("--all-or-nothing", action="store_true",
-                   help="an exercise scores its points only if every case passes (default: points x fraction passed)")
+    p.add_argument(
+        "--all-or-nothing",
+        action="store_true",
+        help="an exercise scores its points only if every case passes (default: points x fraction passed)",
+    )
     p.add_argument("--gradebook", metavar="CSV", help="also write one row per student: id, a score per exercise, total")
-    p.add_argument("--id-column", default="student_id", metavar="NAME",
-                   help="the gradebook's id column header, e.g. 'SIS User ID' (Canvas), 'SID' (default student_id)")
-    p.add_argument("--id-pattern", default=DEFAULT_ID_PATTERN, metavar="REGEX",
-                   help="regular expression for the student id in the file name: group 'id', or group 1, or the "
-                        "whole match; no match: the whole file name (default %(default)r)")
+    p.add_argument(
+        "--id-column",
+        default="student_id",
+        metavar="NAME",
+        help="the gradebook's id column header, e.g. 'SIS User ID' (Canvas), 'SID' (default student_id)",
+    )
+    p.add_argument(
+        "--id-pattern",
+        default=DEFAULT_ID_PATTERN,
+        metavar="REGEX",
+        help="regular expression for the student id in the file name: group 'id', or group 1, or the "
+        "whole match; no match: the whole file name (default %(default)r)",
+    )
     p.add_argument("--feedback", metavar="DIR", help="also write one feedback file per submission into DIR")
-    p.add_argument("--feedback-format", choices=("md", "html"), default="md",
-                   help="feedback as Markdown or HTML (default md)")
+    p.add_argument(
+        "--feedback-format", choices=("md", "html"), default="md", help="feedback as Markdown or HTML (default md)"
+    )
     p.set_defaults(run=grade_command)
 
     args = parser.parse_args(argv)

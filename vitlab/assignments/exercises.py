@@ -334,8 +334,10 @@ def _check_student_copy_runs(cells: list[dict[str, Any]], trees: dict[int, ast.M
             if later in trees and EXERCISE in tags(cells[later]):
                 continue  # a stub only defines a function that raises; its body calls nothing yet
             for name, line in sorted(_first_uses(trees[later], watched).items()):
-                why = "the student's stub raises NotImplementedError" if name in stub_functions else (
-                    "only the solution defines it, and the student copy has no solution"
+                why = (
+                    "the student's stub raises NotImplementedError"
+                    if name in stub_functions
+                    else ("only the solution defines it, and the student copy has no solution")
                 )
                 report.errors.append(f"cell {later}, line {line}: uses {name!r}, but {why}")
             watched -= {n for s in trees[later].body for n in _bound(s)}
