@@ -59,6 +59,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import random
@@ -72,25 +73,31 @@ from torch import nn
 from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch
 
 import vitlab
-from vitlab.family import count_macs
+from vitlab.family import FAMILIES, count_macs, family_of
 from vitlab.references import hf_config_fields
+from vitlab.registry import SOURCES
 from vitlab.utils import count_parameters
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
 
-# Every family with a reference implementation: vitlab name -> reference library.
-ALL_MODELS = {
-    "vit_base_patch16_224": "timm",
-    "deit_small_patch16_224": "timm",
-    "cait_xxs24_224": "timm",
-    "pit_s_224": "timm",
-    "levit_128s": "timm",
-    "crossvit_small_240": "timm",
-    "cvt_13": "hf",
+
+def reference_library(family: str) -> str | None:
+    """The library a family's weights convert from: "timm" where its paper file has
+    ``convert_timm``, else "hf" where it has ``convert_hf`` (CvT), else None."""
+    module = importlib.import_module(f"vitlab.models.{family}")
+    return next((source for source in SOURCES if hasattr(module, f"convert_{source}")), None)
+
+
+# Every family with a reference implementation, from its ``FAMILY.benchmark_preset``:
+# vitlab name -> reference library, in chapter order.
+ALL_MODELS: dict[str, str] = {
+    info.benchmark_preset: library
+    for family, info in FAMILIES.items()
+    if info.benchmark_preset is not None and (library := reference_library(family)) is not None
 }
 
-# The CvT presets, which timm does not have: HuggingFace is their reference.
-HF_MODELS = ("cvt_13", "cvt_21", "cvt_w24_384")
+# The presets whose only reference is HuggingFace (CvT: timm does not have it).
+HF_MODELS: tuple[str, ...] = tuple(name for name in vitlab.list_models() if reference_library(family_of(name)) == "hf")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.family import count_macs
+from vitlab.family import FAMILIES, count_macs, family_of
 from vitlab.utils import count_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -43,6 +43,25 @@ def test_fewer_than_five_runs_is_refused(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         throughput.parse_args(["--runs", "4"])
     assert "--runs must be at least 5" in capsys.readouterr().err
+
+
+def test_the_model_lists_come_from_the_families() -> None:
+    # One preset per family with a reference, each family's FAMILY.benchmark_preset.
+    expected = {info.benchmark_preset: family for family, info in FAMILIES.items() if info.benchmark_preset}
+    assert list(throughput.ALL_MODELS) == list(expected)
+    assert {family_of(name) for name in throughput.ALL_MODELS} == set(expected.values())
+    assert throughput.ALL_MODELS == {
+        "vit_base_patch16_224": "timm",
+        "deit_small_patch16_224": "timm",
+        "cait_xxs24_224": "timm",
+        "crossvit_small_240": "timm",
+        "pit_s_224": "timm",
+        "levit_128s": "timm",
+        "cvt_13": "hf",
+    }
+    for family, info in FAMILIES.items():  # a family without a reference has no benchmark preset
+        assert (info.benchmark_preset is None) == (throughput.reference_library(family) is None), family
+    assert throughput.HF_MODELS == tuple(vitlab.list_models("cvt_"))
 
 
 def test_references_exist_where_the_script_says() -> None:

@@ -1,4 +1,4 @@
-"""vitlab.rollout: attention rollout (Abnar and Zuidema, 2020) on hand-made maps and on a ViT."""
+"""vitlab.rollout: attention rollout (Abnar and Zuidema, 2020) on hand-made maps and on every family."""
 
 from __future__ import annotations
 
@@ -6,9 +6,16 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.family import FAMILIES, TINY_IMAGE_SIZE, tiny_model
+from vitlab.family import FAMILIES, TINY_CONFIGS, TINY_IMAGE_SIZE, tiny_model
 from vitlab.layers import collect_attention_maps
-from vitlab.rollout import attention_rollout, cls_rollout_map, model_rollout
+from vitlab.rollout import (
+    attention_rollout,
+    class_token_relevance,
+    cls_rollout_map,
+    compose_class_attention,
+    model_rollout,
+    spread_squeezed_keys,
+)
 
 
 def random_maps(depth: int, B: int, h: int, N: int, seed: int = 0) -> list[torch.Tensor]:
@@ -108,14 +115,75 @@ def test_model_rollout_of_a_distilled_deit_skips_both_prefix_tokens() -> None:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_model_rollout_on_every_family_via_the_contract(family: str) -> None:
-    # Square last-stage maps: a grid; CaiT/CrossViT (single-query maps last) and CvT (squeezed
-    # keys) name the reason instead.
+    # Every family's rule (FAMILY.rollout) gives a distribution over the input tokens whose
+    # patch part, on the grid, is what model_rollout returns.
     model = tiny_model(family, in_chans=3)
     images = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
-    if family in ("cait", "crossvit", "cvt"):
-        with pytest.raises(ValueError, match="last attention map is not square"):
-            model_rollout(model, images)
-        return
+    relevance = class_token_relevance(model, images)
+    assert relevance.row.ndim == 2 and relevance.row.shape[0] == 2
+    assert torch.isfinite(relevance.row).all()
+    torch.testing.assert_close(relevance.row.sum(-1), torch.ones(2))
     grid = model_rollout(model, images)
-    assert grid.ndim == 3 and grid.shape[0] == 2 and grid.shape[1] == grid.shape[2]
-    assert ((grid >= 0) & (grid <= 1)).all() or family == "deepvit"  # re-attended maps are not probabilities
+    h, w = relevance.grid_size
+    assert grid.shape == (2, h, w) and h == w
+    start = relevance.start
+    torch.testing.assert_close(grid, relevance.row[:, start : start + h * w].reshape(2, h, w))
+    assert ((grid >= 0) & (grid <= 1)).all() or family in ("deepvit", "cait")  # mixed heads: no probabilities
+
+
+def test_cait_class_attention_composed_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("cait", in_chans=3)  # 2x2 patches
+    # One self-attention layer: every patch reads patch 0. With the residual, patch i's row over
+    # the input patches is 0.5 e_0 + 0.5 e_i.
+    self_attn = torch.zeros(1, 1, 4, 4)
+    self_attn[..., 0] = 1.0
+    # Class attention 1, two heads: [cls] and [patch 0], mean [0.5, 0.5, 0, 0, 0].
+    ca1 = torch.tensor([[1.0, 0, 0, 0, 0], [0, 1.0, 0, 0, 0]]).view(1, 2, 1, 5)
+    # c = 0.5 (0.5 [1,0,0,0,0] + 0.5 [0,1,0,0,0]) + 0.5 [1,0,0,0,0] = [0.75, 0.25, 0, 0, 0].
+    ca2 = torch.tensor([0, 0, 0.5, 0.5, 0]).view(1, 1, 1, 5)  # patches 1 and 2
+    # mixed = 0.5 [0, .5, .5, 0, 0] + 0.5 [0, .5, 0, .5, 0] = [0, .5, .25, .25, 0];
+    # c = 0.5 mixed + 0.5 [.75, .25, 0, 0, 0] = [.375, .375, .125, .125, 0].
+    monkeypatch.setattr(model, "get_attention_maps", lambda x: [self_attn, ca1, ca2])
+    relevance = class_token_relevance(model, torch.zeros(1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE))
+    torch.testing.assert_close(relevance.row, torch.tensor([[0.375, 0.375, 0.125, 0.125, 0.0]]))
+    torch.testing.assert_close(relevance.grid(), torch.tensor([[[0.375, 0.125], [0.125, 0.0]]]))
+    # Without the residual every patch is patch 0: c = [0.5, 0.5, 0, 0, 0], then patches 1 and 2,
+    # both patch 0 by now.
+    bare = class_token_relevance(model, torch.zeros(1, 3, 32, 32), add_residual=False)
+    torch.testing.assert_close(bare.row, torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_compose_class_attention_checks_the_shape() -> None:
+    with pytest.raises(ValueError, match=r"expected a class-attention map of shape \(B, h, 1, 5\) for 4 patches"):
+        compose_class_attention(torch.ones(1, 5) / 5, torch.rand(1, 2, 1, 4), torch.rand(1, 4, 5))
+
+
+def test_squeezed_keys_spread_over_their_cells() -> None:
+    # cls + 2x2 queries, cls + 1x1 key: the key's weight splits over the 4 tokens.
+    attn = torch.tensor([0.4, 0.6]).expand(1, 1, 5, 2)
+    torch.testing.assert_close(spread_squeezed_keys(attn)[0, 0, 0], torch.tensor([0.4, 0.15, 0.15, 0.15, 0.15]))
+    # 4x4 queries, 2x2 keys (stride 2), no prefix: key (0, 1) owns tokens (0, 2), (0, 3), (1, 2), (1, 3).
+    attn = torch.zeros(1, 1, 16, 4)
+    attn[..., 1] = 1.0
+    spread = spread_squeezed_keys(attn, num_prefix_tokens=0)[0, 0, 0].view(4, 4)
+    expected = torch.zeros(4, 4)
+    expected[:2, 2:] = 0.25
+    torch.testing.assert_close(spread, expected)
+    # CvT-13's first stage at 224 px: 56x56 tokens, keys 28x28; rows keep their sums.
+    maps = random_maps(1, 1, 1, 28 * 28)[0][:, :, :1].expand(1, 1, 56 * 56, 28 * 28)
+    torch.testing.assert_close(spread_squeezed_keys(maps).sum(-1), torch.ones(1, 1, 56 * 56))
+
+
+def test_crossvit_rollout_per_branch_over_both_inputs() -> None:
+    preset, overrides = TINY_CONFIGS["crossvit"]
+    model = vitlab.create_model(preset, img_size=TINY_IMAGE_SIZE, **{**overrides, "num_encoders": 2})
+    images = torch.randn(1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    small, large = (class_token_relevance(model, images, branch=b) for b in (0, 1))
+    assert small.row.shape == large.row.shape == (1, 17 + 5)  # [cls_S, 4x4 patches, cls_L, 2x2 patches]
+    assert (small.start, small.grid_size, large.start, large.grid_size) == (1, (4, 4), 18, (2, 2))
+    for relevance in (small, large):
+        torch.testing.assert_close(relevance.row.sum(-1), torch.ones(1))
+        assert (relevance.row[:, :17].sum() > 0) and (relevance.row[:, 17:].sum() > 0)  # both branches feed it
+    assert model_rollout(model, images, branch=1).shape == (1, 2, 2)
+    with pytest.raises(ValueError, match="branch must be 0"):
+        model_rollout(model, images, branch=2)

@@ -8,11 +8,12 @@ family, and :mod:`vitlab.rollout` and :mod:`vitlab.family` rely on it (no ``hasa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
 Features = Tensor | list[Tensor]
+RolloutRule = Literal["blocks", "class_attention", "cross_attention", "squeezed_keys"]
 Logits = Tensor | tuple[Tensor, Tensor]
 
 
@@ -72,9 +73,17 @@ class FamilyInfo:
         token_mixers: the layer classes that mix tokens (each reads "the tokens of a
             stage"; :func:`vitlab.family.attention_token_counts` hooks them).
         tiny: ``(preset, overrides)`` of the teaching-size model for 32 px digits.
+        rollout: how :func:`vitlab.rollout.model_rollout` reads the family's attention maps:
+            ``"blocks"`` (square maps, the last stage's rolled out), ``"class_attention"``
+            (CaiT), ``"cross_attention"`` (CrossViT) or ``"squeezed_keys"`` (CvT).
+        benchmark_preset: the preset ``benchmarks/throughput.py --all`` times against the
+            family's reference (timm, or HuggingFace where the file has only ``convert_hf``);
+            ``None`` for a family without a reference.
     """
 
     chapter: int
     properties: FamilyProperties
     token_mixers: tuple[type[nn.Module], ...]
     tiny: tuple[str, dict[str, Any]] = field(default=("", {}))
+    rollout: RolloutRule = "blocks"
+    benchmark_preset: str | None = None

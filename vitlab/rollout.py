@@ -12,18 +12,22 @@ Row ``i`` of ``R`` is then a distribution over the input tokens: how much of out
 ``i`` "comes from" each of them, if attention were the only thing that mixed tokens (the
 MLPs and the values' projections are ignored, which is why this is an approximation).
 The class token's row, reshaped to the patch grid, is the usual picture.
+
+:func:`model_rollout` applies this to any registered model; the families whose maps are
+not one square map per block (CaiT, CrossViT, CvT) get a rule of their own, chosen by
+their ``FAMILY.rollout`` and written in :func:`class_token_relevance`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
 import torch
 from torch import Tensor, nn
 
-from vitlab.contract import VisionModel
+from vitlab.contract import RolloutRule, VisionModel
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -130,7 +134,243 @@ def _grid_of(num_tokens: int, num_prefix_tokens: int | None) -> tuple[tuple[int,
     )
 
 
+def _fuse_class_row(attn: Tensor, head_fusion: HeadFusion, discard_ratio: float) -> Tensor:
+    """Fuse the heads of a single-query map and zero its ``discard_ratio`` smallest weights
+    (never key 0, the query's own token, as the diagonal of a square map).
+
+    Shape: attn (B, h, 1, N_k) -> (B, N_k).
+    """
+    if head_fusion == "mean":
+        a = attn.mean(dim=1)[:, 0]
+    else:
+        a = (attn.amax(dim=1) if head_fusion == "max" else attn.amin(dim=1))[:, 0]
+    n = int(a.shape[-1] * discard_ratio)
+    if n == 0:
+        return a
+    ranked = a.clone()
+    ranked[:, 0] = float("inf")  # never among the smallest
+    return a.scatter(-1, ranked.topk(n, dim=-1, largest=False).indices, 0.0)
+
+
+def compose_class_attention(
+    relevance: Tensor,
+    attn: Tensor,
+    keys: Tensor,
+    *,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+    add_residual: bool = True,
+) -> Tensor:
+    """One class-attention layer (a single query, the class token, over ``[itself, patches]``)
+    composed into the class token's relevance.
+
+    ``relevance`` is the class token's row over the input tokens, ``keys`` the rows of the
+    patches it attends to (their own rollout). With the heads fused (``a``, as in
+    :func:`attention_rollout`) and the residual: ``c <- 0.5 (a_cls c + a_patches K) + 0.5 c``,
+    then renormalised to sum to 1 (without the residual: ``a_cls c + a_patches K``).
+
+    Shape: relevance (B, T), attn (B, h, 1, 1 + N), keys (B, N, T) -> (B, T).
+    """
+    if attn.ndim != 4 or attn.shape[-2] != 1 or attn.shape[-1] != 1 + keys.shape[-2]:
+        raise ValueError(
+            f"expected a class-attention map of shape (B, h, 1, {1 + keys.shape[-2]}) for {keys.shape[-2]} "
+            f"patches, got {tuple(attn.shape)}"
+        )
+    a = _fuse_class_row(attn, head_fusion, discard_ratio)  # (B, 1 + N)
+    mixed = a[:, :1] * relevance + (a[:, None, 1:] @ keys)[:, 0]
+    c = 0.5 * mixed + 0.5 * relevance if add_residual else mixed
+    return c / c.sum(dim=-1, keepdim=True)
+
+
+class _Options(NamedTuple):
+    head_fusion: HeadFusion
+    discard_ratio: float
+    add_residual: bool
+
+
+def _rollout_run(run: Sequence[Tensor], o: _Options) -> Tensor:
+    return attention_rollout(run, head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, add_residual=o.add_residual)
+
+
+def _compose(relevance: Tensor, attn: Tensor, keys: Tensor, o: _Options) -> Tensor:
+    return compose_class_attention(
+        relevance, attn, keys, head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, add_residual=o.add_residual
+    )
+
+
+def _last_stage(maps: Sequence[Tensor]) -> list[Tensor]:
+    """The maps of the last shape, back to the first that differs."""
+    run = [maps[-1]]
+    for attn in reversed(maps[:-1]):
+        if attn.shape != run[0].shape:
+            break
+        run.insert(0, attn)
+    return run
+
+
+def spread_squeezed_keys(attn: Tensor, num_prefix_tokens: int | None = None) -> Tensor:
+    """A map whose keys are a strided squeeze of the query grid (CvT's ``stride_kv``), made
+    square: each key's weight is spread evenly over the query-grid tokens of its stride
+    cell (token ``(y, x)`` belongs to key ``(y // s, x // s)``, ``s = ceil(H / H')``);
+    prefix keys (cls) stay themselves. Rows keep their sums. An approximation: the real
+    squeeze is a 3x3 depthwise conv whose windows overlap, and its weights are ignored.
+
+    Shape: attn (B, h, P + H W, P + H' W') -> (B, h, P + H W, P + H W).
+    """
+    (H, W), prefix = _grid_of(attn.shape[-2], num_prefix_tokens)
+    (Hk, Wk), prefix_k = _grid_of(attn.shape[-1], prefix)
+    if prefix_k != prefix or Hk > H or Wk > W:
+        raise ValueError(f"cannot read {tuple(attn.shape)} as keys squeezed from the query grid")
+    sy, sx = math.ceil(H / Hk), math.ceil(W / Wk)
+    ys = (torch.arange(H, device=attn.device) // sy).clamp(max=Hk - 1)
+    xs = (torch.arange(W, device=attn.device) // sx).clamp(max=Wk - 1)
+    owner = (ys[:, None] * Wk + xs[None, :]).flatten()  # (H W,): the key each token was pooled into
+    spread = torch.zeros(Hk * Wk, H * W, dtype=attn.dtype, device=attn.device)
+    spread[owner, torch.arange(H * W, device=attn.device)] = 1.0
+    spread = spread / spread.sum(dim=-1, keepdim=True)  # each key's weight, evenly over its cell
+    full = torch.zeros(prefix + Hk * Wk, prefix + H * W, dtype=attn.dtype, device=attn.device)
+    full[:prefix, :prefix] = torch.eye(prefix, dtype=attn.dtype, device=attn.device)
+    full[prefix:, prefix:] = spread
+    return attn @ full
+
+
+class Relevance(NamedTuple):
+    """A class token's rollout row and where its patch grid sits in it.
+
+    ``row`` (B, T) is a distribution over every input token (rows sum to 1): prefix tokens
+    and patches, for CrossViT both branches' ``[cls, patches]``; the patches of the grid
+    are ``row[:, start : start + h * w]``, row-major.
+    """
+
+    row: Tensor
+    start: int
+    grid_size: tuple[int, int]
+
+    def grid(self) -> Tensor:
+        """Shape: (B, h, w)."""
+        h, w = self.grid_size
+        return self.row[:, self.start : self.start + h * w].reshape(-1, h, w)
+
+
+def _rule_of(model: nn.Module) -> RolloutRule:
+    from vitlab.family import FAMILIES  # imported here: vitlab.family imports the models
+
+    family = type(model).__module__.rsplit(".", 1)[-1]
+    return FAMILIES[family].rollout if family in FAMILIES else "blocks"
+
+
 @torch.no_grad()
+def class_token_relevance(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    head_fusion: HeadFusion = "mean",
+    discard_ratio: float = 0.0,
+    add_residual: bool = True,
+    num_prefix_tokens: int | None = None,
+    branch: int = 0,
+) -> Relevance:
+    """The class token's rollout row over the input tokens, by the family's rule
+    (``FAMILY.rollout``, :class:`vitlab.contract.FamilyInfo`); see :func:`model_rollout`.
+
+    Rules:
+
+    * ``"blocks"`` (ViT, DeiT, DeepViT, T2T-ViT, PiT, LeViT): :func:`attention_rollout`
+      of the last stage's maps (the last maps of one shape, which must be square); the row
+      of token 0. Prefix tokens (cls, dist) are found from the token count unless
+      ``num_prefix_tokens`` is given; with none (LeViT) token 0 is the first patch.
+    * ``"squeezed_keys"`` (CvT): the same, after :func:`spread_squeezed_keys` makes each
+      map of the last stage square (an approximation: the keys are a conv squeeze of the
+      tokens, 2x2 cells of the grid at stride 2).
+    * ``"class_attention"`` (CaiT): the self-attention maps over the patches rolled out
+      (``R``, (B, N, N)); the class token joins afterwards, so its row over
+      ``[cls, patches]`` starts at ``[1, 0, ...]`` and each class-attention layer (one
+      query over ``[cls, patches]``) is composed in by :func:`compose_class_attention`
+      with the patches' rows ``[0 | R]``.
+    * ``"cross_attention"`` (CrossViT): the rows run over both branches' input tokens,
+      ``[cls_S, S patches, cls_L, L patches]``. Each branch's self-attention maps are
+      rolled out within the branch (square, residual as in :func:`attention_rollout`);
+      each cross-attention map (the branch's projected cls over ``[it, the other
+      branch's patches]``) is composed into the branch's cls row by
+      :func:`compose_class_attention` with the other branch's patch rows, both branches
+      from the tokens before the exchange. ``branch`` (0: small patches, 1: large) picks
+      the class token and the patch grid returned.
+
+    Shape: images (B, C, H, W) -> row (B, T).
+    """
+    if not isinstance(model, VisionModel):
+        raise TypeError(
+            f"expected a vitlab model (forward_features, forward_head, get_attention_maps), got {type(model).__name__}"
+        )
+    if head_fusion not in ("mean", "max", "min"):
+        raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    model.eval()
+    maps = cast(VisionModel, model).get_attention_maps(images)
+    rule = _rule_of(model)
+    options = _Options(head_fusion, discard_ratio, add_residual)
+    if rule == "class_attention":
+        return _class_attention_relevance(maps, options)
+    if rule == "cross_attention":
+        return _cross_attention_relevance(maps, options, branch)
+    run = _last_stage(maps)
+    if rule == "squeezed_keys":
+        run = [spread_squeezed_keys(attn, num_prefix_tokens) for attn in run]
+    last = run[-1]
+    if last.shape[-1] != last.shape[-2]:
+        raise ValueError(
+            f"{type(model).__name__}'s last attention map is not square, {tuple(last.shape)}: the rollout "
+            f"needs the last stage's maps to be (B, h, N, N)"
+        )
+    rollout = _rollout_run(run, options)
+    grid, prefix = _grid_of(rollout.shape[-1], num_prefix_tokens)
+    return Relevance(rollout[:, 0], prefix, grid)
+
+
+def _class_attention_relevance(maps: Sequence[Tensor], options: _Options) -> Relevance:
+    self_maps = [m for m in maps if m.shape[-2] != 1]
+    class_maps = maps[len(self_maps) :]
+    if not self_maps or not class_maps or any(m.shape[-2] == 1 for m in self_maps):
+        raise ValueError("expected the self-attention maps, then the class-attention maps (B, h, 1, 1 + N)")
+    patches = _rollout_run(self_maps, options)  # (B, N, N) over the input patches
+    B, N, _ = patches.shape
+    keys = torch.cat([patches.new_zeros(B, N, 1), patches], dim=-1)  # the cls input is no patch's source
+    c = patches.new_zeros(B, 1 + N)
+    c[:, 0] = 1.0  # the class token starts as itself
+    for attn in class_maps:
+        c = _compose(c, attn, keys, options)
+    return Relevance(c, 1, _grid_of(N, 0)[0])
+
+
+def _cross_attention_relevance(maps: Sequence[Tensor], options: _Options, branch: int) -> Relevance:
+    if branch not in (0, 1):
+        raise ValueError(f"branch must be 0 (small patches) or 1 (large patches), got {branch}")
+    cross = [i for i, m in enumerate(maps) if m.shape[-2] == 1]
+    if not cross or len(cross) % 2 or any(b - a != 1 for a, b in zip(cross[::2], cross[1::2], strict=True)):
+        raise ValueError("expected per encoder the branches' self-attention maps, then 2 cross-attention maps")
+    n_l, n_s = maps[cross[0]].shape[-1], maps[cross[1]].shape[-1]  # S's cls reads L's tokens, then L's reads S's
+    sizes = (n_s, n_l)
+    first = maps[0]
+    eye = torch.eye(n_s + n_l, dtype=first.dtype, device=first.device).expand(first.shape[0], -1, -1)
+    rows = [eye[:, :n_s], eye[:, n_s:]]  # per branch (B, 1 + N_b, T): its tokens over all input tokens
+    start = 0
+    for end in cross[1::2]:
+        encoder = maps[start : end - 1]
+        self_s = [m for m in encoder if m.shape[-1] == n_s]
+        self_l = encoder[len(self_s) :]
+        if any(m.shape[-1] != n_l or m.shape[-2] != n_l for m in self_l) or n_s == n_l:
+            raise ValueError(f"cannot split the encoder's maps {[tuple(m.shape) for m in encoder]} by branch")
+        for b, run in enumerate((self_s, self_l)):
+            if run:
+                rows[b] = _rollout_run(run, options) @ rows[b]
+        new_cls = [_compose(rows[b][:, 0], maps[end - 1 + b], rows[1 - b][:, 1:], options) for b in (0, 1)]
+        rows = [torch.cat([new_cls[b][:, None], rows[b][:, 1:]], dim=1) for b in (0, 1)]
+        start = end + 1
+    start_of_grid = 1 if branch == 0 else n_s + 1
+    return Relevance(rows[branch][:, 0], start_of_grid, _grid_of(sizes[branch] - 1, 0)[0])
+
+
 def model_rollout(
     model: nn.Module,
     images: Tensor,
@@ -139,37 +379,30 @@ def model_rollout(
     discard_ratio: float = 0.0,
     add_residual: bool = True,
     num_prefix_tokens: int | None = None,
+    branch: int = 0,
 ) -> Tensor:
     """Rollout of the class token of any :class:`~vitlab.contract.VisionModel`, on its patch grid.
 
-    The maps come from ``model.get_attention_maps``; the rollout runs over the maps of the
-    last stage (the last maps of one shape, which must be square): every block of a ViT,
-    DeiT, DeepViT or T2T-ViT backbone, the last stage of PiT and LeViT. CaiT and CrossViT
-    (a single-query map last) and CvT (keys squeezed by ``stride_kv``) raise a ``ValueError``:
-    their last maps are not square, and rolling them out needs a rule of its own. The prefix tokens
-    (cls, dist) are found from the token count unless ``num_prefix_tokens`` is given; with
-    no prefix token (LeViT) the row of token 0 is the first patch's, not a class token's.
-    The model is put in eval mode.
+    The maps come from ``model.get_attention_maps``, read by the family's rule
+    (:func:`class_token_relevance` lists them): for ViT, DeiT, DeepViT and T2T-ViT every
+    block of the backbone, for PiT and LeViT the last stage, for CvT the last stage with
+    its squeezed keys spread back over the tokens (an approximation), for CaiT the
+    self-attention rollout composed through the class-attention layers, for CrossViT
+    both branches' rollouts composed through the cross-attention (``branch`` picks the
+    class token and grid: 0, small patches, or 1). The prefix tokens (cls, dist) are
+    found from the token count unless ``num_prefix_tokens`` is given; with no prefix
+    token (LeViT) the row of token 0 is the first patch's, not a class token's. The
+    values are the patches' part of the row (the prefix tokens hold the rest). The model
+    is put in eval mode.
 
     Shape: images (B, C, H, W) -> (B, h, w), the token grid of those maps.
     """
-    if not isinstance(model, VisionModel):
-        raise TypeError(
-            f"expected a vitlab model (forward_features, forward_head, get_attention_maps), got {type(model).__name__}"
-        )
-    model.eval()
-    maps = cast(VisionModel, model).get_attention_maps(images)
-    last = maps[-1]
-    if last.shape[-1] != last.shape[-2]:
-        raise ValueError(
-            f"{type(model).__name__}'s last attention map is not square, {tuple(last.shape)}: the rollout "
-            f"needs the last stage's maps to be (B, h, N, N)"
-        )
-    run = [last]  # the last stage: the maps of the last shape, back to the first that differs
-    for attn in reversed(maps[:-1]):
-        if attn.shape != last.shape:
-            break
-        run.insert(0, attn)
-    rollout = attention_rollout(run, head_fusion=head_fusion, discard_ratio=discard_ratio, add_residual=add_residual)
-    grid, prefix = _grid_of(rollout.shape[-1], num_prefix_tokens)
-    return cls_rollout_map(rollout, grid, prefix)
+    return class_token_relevance(
+        model,
+        images,
+        head_fusion=head_fusion,
+        discard_ratio=discard_ratio,
+        add_residual=add_residual,
+        num_prefix_tokens=num_prefix_tokens,
+        branch=branch,
+    ).grid()

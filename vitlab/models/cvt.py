@@ -420,6 +420,8 @@ FAMILY = FamilyInfo(
                                 "yes (conv token embedding)", "wu2021cvt", "cvt_13"),
     token_mixers=(ConvAttention,),
     tiny=("cvt_13", dict(embed_dims=(16, 24, 30), depths=(1, 1, 1), num_heads=(1, 2, 2))),
+    rollout="squeezed_keys",
+    benchmark_preset="cvt_13",
 )  # fmt: skip
 
 # HuggingFace CvtForImageClassification name -> ours, applied in order to every key.

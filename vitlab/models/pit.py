@@ -262,6 +262,7 @@ FAMILY = FamilyInfo(
                                 "yes (depthwise-conv pooling)", "heo2021pit", "pit_s_224"),
     token_mixers=(Attention,),
     tiny=("pit_ti_224", dict(base_dims=(8, 8, 8), depth=(1, 2, 2), heads=(1, 2, 4))),
+    benchmark_preset="pit_s_224",
 )  # fmt: skip
 
 
