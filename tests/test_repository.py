@@ -19,8 +19,12 @@ COLAB_INSTALL = "vitlab @ git+https://github.com/vitlab-course/vit-lab@main"
 MIN_CELLS_WITH_OUTPUT = 5
 # Outputs that differ from machine to machine make nbval fail elsewhere.
 MACHINE_PATH = re.compile(r"/home/|/root/|/tmp/|/work/|/Users/")
-# Cells that download weights (Colab only): nbval and nbclient skip them, they have no output.
-INTERNET_TAGS = {"needs-internet", "nbval-skip", "skip-execution"}
+# Cells that download weights start with the %%needs_internet magic (vitlab/notebook.py):
+# executed everywhere (offline they print why they did not run), skipped by nbval (their
+# output depends on the network), and their output is left out of the book, where a
+# "Needs internet" box stands instead.
+INTERNET_TAGS = {"needs-internet", "nbval-skip", "remove-output"}
+INTERNET_MAGIC = "%%needs_internet "
 LEARNING_GOALS = "**Learning goals.** After this chapter you can:"
 # The book's column shows about 79 characters of code at 1280 px (notebooks/ruff.toml).
 CODE_COLUMNS = 79
@@ -89,8 +93,7 @@ def is_appendix(path: Path) -> bool:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_committed_executed(path: Path) -> None:
-    cells = [c for c in load(path)["cells"] if c["cell_type"] == "code"]
-    code = [c for c in cells if "needs-internet" not in tags(c)]
+    code = [c for c in load(path)["cells"] if c["cell_type"] == "code"]
     empty = [i for i, c in enumerate(code) if not source(c).strip()]
     assert not empty, f"empty code cells (indices among code cells): {empty}"
     counts = [c["execution_count"] for c in code]
@@ -200,19 +203,25 @@ def test_hidden_solutions_say_what_they_hide(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_only_internet_cells_are_skipped(path: Path) -> None:
-    """A cell that downloads weights carries all three tags and no output; no other cell
-    carries any of them (a skipped cell tests nothing), and a note box precedes the first."""
+    """A cell that downloads weights starts with %%needs_internet and carries all three tags;
+    no other cell carries any of them (a cell nbval skips tests nothing); the notebook loads
+    the magic before it, and a note box precedes the first."""
     cells = load(path)["cells"]
     for number, cell in enumerate(cells):
         found = tags(cell) & INTERNET_TAGS
-        if not found:
+        magic = cell["cell_type"] == "code" and source(cell).startswith(INTERNET_MAGIC)
+        if not found and not magic:
             continue
         assert found == INTERNET_TAGS, f"cell {number} has {sorted(found)}, expected all of {sorted(INTERNET_TAGS)}"
-        assert cell["cell_type"] == "code" and not cell["outputs"], f"internet cell {number} stores an output"
+        assert magic, f"internet cell {number} must start with {INTERNET_MAGIC!r}"
     first = next((i for i, c in enumerate(cells) if tags(c) & INTERNET_TAGS), None)
     if first is not None:
-        before = "".join(source(c) for c in cells[:first] if c["cell_type"] == "markdown")
-        assert "Needs internet" in before, "the internet cells must follow a 'Needs internet' note box"
+        before = cells[:first]
+        assert any("%load_ext vitlab.notebook" in source(c) for c in before if c["cell_type"] == "code"), (
+            "load the magic (%load_ext vitlab.notebook) before the first internet cell"
+        )
+        notes = "".join(source(c) for c in before if c["cell_type"] == "markdown")
+        assert "Needs internet" in notes, "the internet cells must follow a 'Needs internet' note box"
 
 
 @pytest.mark.parametrize("name", ["requirements.txt", "requirements-dev.txt"])

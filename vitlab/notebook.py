@@ -1,0 +1,69 @@
+"""The ``%%needs_internet`` cell magic of the chapters' "With trained weights" sections.
+
+A chapter loads it once (``%load_ext vitlab.notebook``, in its hidden setup cell) and
+starts each cell that downloads something with it::
+
+    %%needs_internet vit_base_patch16_224
+    trained = vitlab.create_model("vit_base_patch16_224", pretrained=True)
+    ...
+
+Online (Colab), the cell runs as written. Where the download fails (no network and no
+cached copy), the cell prints one line saying so instead of a traceback, and later cells
+of the same notebook that name the same model are skipped, since they use what the failed
+cell would have made. ``--gpu`` also skips the cell where CUDA is missing (a fine-tuning
+run that would take hours on a CPU). So every chapter runs top to bottom on any machine,
+and what an offline run stores is a true account of what happened, never a stand-in
+result. Any other error is raised as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+import torch
+
+# What a failed download raises: vitlab.pretrained.WeightsUnavailableError and the
+# urllib/socket errors of a dataset download are all OSErrors.
+DOWNLOAD_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+
+
+def _parse(line: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="%%needs_internet", add_help=False)
+    parser.add_argument("name", help="the model whose released weights the cell downloads")
+    parser.add_argument("--gpu", action="store_true", help="also skip the cell where CUDA is missing")
+    return parser.parse_args(shlex.split(line))
+
+
+def run_needing_internet(line: str, cell: str, namespace: dict[str, Any], unavailable: set[str]) -> bool:
+    """Run ``cell`` in ``namespace`` unless what it needs is missing; True when it ran to the end.
+
+    ``unavailable`` collects the names whose download failed, so that later cells naming
+    them are skipped; the magic keeps one such set per IPython session.
+    """
+    args = _parse(line)
+    if args.name in unavailable:
+        print(f"Not run here: it needs the {args.name} weights that an earlier cell could not download.")
+        return False
+    if args.gpu and not torch.cuda.is_available():
+        print("Not run here: it needs a CUDA GPU (in Colab: Runtime > Change runtime type > GPU).")
+        return False
+    try:
+        exec(compile(cell, f"<needs_internet {args.name}>", "exec"), namespace)  # noqa: S102 (the cell's own code)
+    except DOWNLOAD_ERRORS as error:
+        unavailable.add(args.name)
+        kind = type(error).__name__
+        print(f"Not run here: a download failed ({kind}); this cell needs the internet. Run it in Colab.")
+        return False
+    return True
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext vitlab.notebook``: registers ``%%needs_internet``."""
+    unavailable: set[str] = set()
+
+    def needs_internet(line: str, cell: str) -> None:
+        run_needing_internet(line, cell, ipython.user_ns, unavailable)
+
+    ipython.register_magic_function(needs_internet, magic_kind="cell", magic_name="needs_internet")
