@@ -7,8 +7,8 @@ Each notebook runs top to bottom in its own new kernel (nbclient, as `make execu
 one after the other, never side by side: notebooks executed in parallel record inflated
 times, and so do the execution timestamps stored in a notebook, which this script ignores.
 Cells that need the internet (``%%needs_internet``, vitlab/notebook.py) run as in
-`make execute`: offline, a failed download ends them at once. The wall time includes the kernel's start and the imports, which is what
-a reader waits for. The notebooks on disk are not changed.
+`make execute`: offline, a failed download ends them at once. The wall time includes the
+kernel's start and the imports, which is what a reader waits for. The notebooks on disk are not changed.
 
 Budget (issue: every chapter <= 60 s, all of them <= 6 minutes, on a 2-core machine); the
 script exits with status 1 when a notebook is over it, so it can gate a release, but no
