@@ -8,9 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
-from torch import Tensor, nn
+from test_checks import (  # run: one printed line and a CheckResult
+    assert_named_mistake,
+    assert_passes,
+    class_attention_ok,
+    run,
+)
+from torch import nn
 
 import vitlab
 
@@ -19,19 +23,6 @@ import vitlab
 
 def layer_scale_ok(layer_index: int, depth: int) -> float:
     return 0.1 if depth <= 18 else 1e-5 if depth <= 24 else 1e-6
-
-
-def class_attention_ok(
-    x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, num_heads: int, *, kv: str = "all", scale: str = "head"
-) -> Tensor:
-    B, _, C = x.shape
-    d = C // num_heads
-    z = x if kv == "all" else x[:, 1:]
-    q = (x[:, :1] @ wq.T).view(B, 1, num_heads, d).transpose(1, 2)
-    k = (z @ wk.T).view(B, z.shape[1], num_heads, d).transpose(1, 2)
-    v = (z @ wv.T).view(B, z.shape[1], num_heads, d).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q, k, v, scale=None if scale == "head" else C**-0.5)
-    return out.transpose(1, 2).reshape(B, 1, C)
 
 
 def test_right_answers_pass(capsys: pytest.CaptureFixture[str]) -> None:

@@ -46,6 +46,17 @@ DATA_VERSION = 1  # the version of CheckResult.to_dict's layout
 DATA_ENV = "VITLAB_CHECK_DATA"  # "1": show results as display data (see the module docstring)
 
 
+# The two classic slips of folding a token sequence (B, H*W, C) into a map (B, C, H, W),
+# named in the same words by every check whose exercise does it.
+SCRAMBLING_RESHAPE = (
+    "the tokens were reshaped straight to (B, C, H, W), which scrambles them; fold them with "
+    "rearrange(x, 'B (H W) C -> B C H W', H=H, W=W) (a transpose, then a reshape)"
+)
+SWAPPED_GRID = (
+    "the grid's height and width are swapped ('B (W H) C'): the tokens are numbered row by row, 'B (H W) C' with H rows"
+)
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """The outcome of one check; ``bool(result)`` is ``result.passed``.

@@ -10,7 +10,16 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
+from vitlab.checks._core import (
+    SCRAMBLING_RESHAPE,
+    SWAPPED_GRID,
+    Case,
+    CheckResult,
+    KnownWrong,
+    generator,
+    run_check,
+    shape,
+)
 
 if TYPE_CHECKING:
     from vitlab.models.cvt import ConvAttention
@@ -166,13 +175,11 @@ def cvt_conv_attention(fn: Callable[..., Any]) -> CheckResult:
     wrongs = [
         KnownWrong(
             wrong("naive_map"),
-            "the tokens were reshaped straight to (B, C, H, W), which scrambles them; fold them with "
-            "rearrange(x, 'B (H W) C -> B C H W', H=H, W=W) (a transpose, then a reshape)",
+            SCRAMBLING_RESHAPE,
         ),
         KnownWrong(
             wrong("swapped_hw"),
-            "the grid's height and width are swapped ('B (W H) C'): the tokens are numbered row by row, "
-            "'B (H W) C' with H rows",
+            SWAPPED_GRID,
         ),
         KnownWrong(
             wrong("cls_conv"),

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+import vitlab
+
 
 def trace_shapes(model: nn.Module, input_size: Sequence[int], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """The output shape of each submodule in ``names`` (dotted paths, as in
@@ -54,3 +56,16 @@ def trace_shapes(model: nn.Module, input_size: Sequence[int], names: Sequence[st
     if never:
         raise RuntimeError(f"these modules were not called in the forward pass: {never}")
     return shapes
+
+
+def trace_preset(
+    name: str, names: Sequence[str], *, meta: bool = True
+) -> tuple[nn.Module, tuple[int, int, int, int], dict[str, tuple[int, ...]]]:
+    """Preset ``name`` as a figure reads it: the model (on the meta device unless
+    ``meta=False``: shapes need no memory and no random init), the input it was built for
+    ``(1, C, H, W)``, and the output shapes of ``names`` traced on that input."""
+    from vitlab.family import build_on_meta, input_size_of  # imported here: family imports the models
+
+    model = build_on_meta(name) if meta else vitlab.create_model(name)
+    input_size = input_size_of(name)
+    return model, input_size, trace_shapes(model, input_size, names)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 
 def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
@@ -16,12 +14,9 @@ def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
     final norm over [cls, patches] and the head. Shapes from a traced pass.
     """
     cfg = vitlab.get_config(name)
-    with torch.device("meta"):  # shapes only: no memory, no random init
-        model = vitlab.create_model(name)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     names = ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "blocks_token_only.0", "blocks_token_only.0.mlp.fc1",
              "norm", "head"]  # fmt: skip
-    shapes = trace_shapes(model, size, names)
+    model, size, shapes = trace_preset(name, names)
     n_patches, width = shapes["patch_embed"][1:]
     hidden = shapes["blocks.0.mlp.fc1"][-1]
     hidden_ca = shapes["blocks_token_only.0.mlp.fc1"][-1]

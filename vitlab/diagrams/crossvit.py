@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 
 def crossvit_figure(name: str = "crossvit_small_240") -> Diagram:
@@ -16,12 +14,9 @@ def crossvit_figure(name: str = "crossvit_small_240") -> Diagram:
     branch, g); a head per branch, averaged. Shapes from a traced pass.
     """
     cfg = vitlab.get_config(name)
-    with torch.device("meta"):  # shapes only: no memory, no random init
-        model = vitlab.create_model(name)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     names = ["patch_embed.0", "patch_embed.1", "blocks.0.blocks.0", "blocks.0.blocks.1", "blocks.0.projs.0",
              "blocks.0.projs.1", "head.0"]  # fmt: skip
-    shapes = trace_shapes(model, size, names)
+    model, size, shapes = trace_preset(name, names)
     patches = [shapes[f"patch_embed.{i}"][1:] for i in range(2)]  # (N, C) per branch
     tokens = [shapes[f"blocks.0.blocks.{i}"][1:] for i in range(2)]  # (1 + N, C)
     projected = [shapes[f"blocks.0.projs.{i}"][-1] for i in range(2)]  # f: width of the other branch

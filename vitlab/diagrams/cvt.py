@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 
 def cvt_figure(name: str = "cvt_13") -> Diagram:
@@ -13,14 +13,12 @@ def cvt_figure(name: str = "cvt_13") -> Diagram:
     squeezed); the cls token joins in the last stage. Shapes from a traced pass.
     """
     cfg = vitlab.get_config(name)
-    model = vitlab.create_model(name)
     n = cfg.num_stages
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     names = ["head"]
     for i in range(n):
         names += [f"stages.{i}.patch_embed", f"stages.{i}.blocks.0", f"stages.{i}.blocks.0.attn.conv_proj_k"]
         names += [f"stages.{i}.blocks.0.mlp.fc1"]
-    shapes = trace_shapes(model, size, names)
+    model, size, shapes = trace_preset(name, names)
     q_k = cfg.kernel_qkv
 
     d = Diagram(f"{name}: convolutions in three stages")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 from vitlab.models.deepvit import PatchEmbedCNN
 
 
@@ -16,14 +14,11 @@ def deepvit_figure(name: str = "deepvit_s") -> Diagram:
     Θ, then BatchNorm over the heads), final norm and head. Shapes from a traced pass.
     """
     cfg = vitlab.get_config(name)
-    with torch.device("meta"):  # shapes only
-        model = vitlab.create_model(name)
     first_re = cfg.depth - cfg.num_reattention_blocks
     re = f"blocks.{first_re}"
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     names = ["patch_embed.conv1", "patch_embed.conv2", "patch_embed.proj", "patch_embed", "blocks.0",
              f"{re}.attn.reatten_matrix", f"{re}.mlp.fc1", "head"]  # fmt: skip
-    shapes = trace_shapes(model, size, names)
+    model, size, shapes = trace_preset(name, names)
     n_patches, width = shapes["patch_embed"][1:]
     tokens = shapes["blocks.0"][1]
     maps = shapes[f"{re}.attn.reatten_matrix"][1:]  # (h, T, T)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 
 def distilled_figure(name: str = "deit_tiny_distilled_patch16_224") -> Diagram:
@@ -17,10 +15,7 @@ def distilled_figure(name: str = "deit_tiny_distilled_patch16_224") -> Diagram:
     cfg = vitlab.get_config(name)
     if not cfg.distilled:
         raise ValueError(f"{name} has no distillation token; pick a *_distilled_* preset")
-    with torch.device("meta"):  # shapes only
-        model = vitlab.create_model(name)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
-    shapes = trace_shapes(model, size, ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "head", "head_dist"])
+    model, size, shapes = trace_preset(name, ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "head", "head_dist"])
     n_patches, width = shapes["patch_embed"][1:]
     tokens = shapes["blocks.0"][1]
     hidden = shapes["blocks.0.mlp.fc1"][-1]

@@ -6,7 +6,7 @@ from typing import Any
 
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 
 def levit_figure(name: str = "levit_128s") -> Diagram:
@@ -15,13 +15,12 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
     traced pass, heads, key and value widths from the model's attention layers.
     """
     cfg = vitlab.get_config(name)
-    model: Any = vitlab.create_model(name)  # a LeViT: its stages and layers are read below
     n_stages = len(cfg.depth)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     names = ["stem", "head"] + [f"stages.{i}" for i in range(n_stages)]
     names += [f"stages.{i}.downsample.attn_downsample" for i in range(1, n_stages)]
     names += [f"stem.conv{i}" for i in range(1, 5)]
-    shapes = trace_shapes(model, size, names)
+    levit, size, shapes = trace_preset(name, names)
+    model: Any = levit  # a LeViT: its stages and layers are read below
     stem_widths = [cfg.in_chans] + [shapes[f"stem.conv{i}"][1] for i in range(1, 5)]
     _, width, side, _ = shapes["stem"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 
 def pit_figure(name: str = "pit_s_224") -> Diagram:
@@ -14,13 +14,11 @@ def pit_figure(name: str = "pit_s_224") -> Diagram:
     traced pass, heads and depths from the config.
     """
     cfg = vitlab.get_config(name)
-    model = vitlab.create_model(name)
     n_stages = len(cfg.depth)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     names = ["patch_embed", "head"]
     names += [f"transformers.{i}.blocks.0" for i in range(n_stages)]
     names += [f"transformers.{i}.pool" for i in range(1, n_stages)]
-    shapes = trace_shapes(model, size, names)
+    model, size, shapes = trace_preset(name, names)
     _, width, side, _ = shapes["patch_embed"]
     k, s = cfg.patch_size, cfg.stride
 

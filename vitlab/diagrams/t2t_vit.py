@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 
 # (kernel, stride, padding) of the three soft splits, read from the model's nn.Unfold layers.
 _SPLITS = ("soft_split0", "soft_split1", "soft_split2")
@@ -19,13 +17,10 @@ def t2t_figure(name: str = "t2t_vit_14") -> Diagram:
     widths from a traced pass.
     """
     cfg = vitlab.get_config(name)
-    with torch.device("meta"):  # shapes only: no memory, no random init
-        model = vitlab.create_model(name)
-    t2t = model.tokens_to_token
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
     prefix = "tokens_to_token."
     names = [prefix + n for n in (*_SPLITS, "attention1", "attention2", "project")]
-    shapes = trace_shapes(model, size, [*names, "blocks.0", "blocks.0.mlp.fc1", "head"])
+    model, size, shapes = trace_preset(name, [*names, "blocks.0", "blocks.0.mlp.fc1", "head"])
+    t2t = model.tokens_to_token
     layer = "Performer" if cfg.tokens_type == "performer" else "transformer"
 
     d = Diagram(f"{name}: tokens-to-token, then a ViT")

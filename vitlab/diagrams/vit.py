@@ -1,7 +1,7 @@
 """Figures of chapters 1-3: image to tokens, attention, and the ViT encoder.
 
 Every number a figure writes comes from the preset's config or from a forward pass of
-the model it names (shapes traced with :func:`trace_shapes`), never typed by hand.
+the model it names (shapes traced with :func:`trace_preset`), never typed by hand.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
-from vitlab.diagrams._trace import trace_shapes
+from vitlab.diagrams._trace import trace_preset
 from vitlab.layers import patchify
 from vitlab.models.vit import ViT
 
@@ -22,9 +22,7 @@ def patches_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
     projection (a stride-``P`` convolution), the [cls] token and the position embeddings.
     """
     cfg = vitlab.get_config(name)
-    model = vitlab.create_model(name)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
-    shapes = trace_shapes(model, size, ["patch_embed.proj", "patch_embed", "pos_drop"])
+    model, size, shapes = trace_preset(name, ["patch_embed.proj", "patch_embed", "pos_drop"])
     width, grid_h, grid_w = shapes["patch_embed.proj"][1:]
     n_patches = shapes["patch_embed"][1]
     patch_len = patchify(torch.zeros(size), cfg.patch_size).shape[-1]
@@ -57,14 +55,11 @@ def attention_figure(name: str = "vit_small_patch16_224") -> Diagram:
     fused ``qkv`` projection, the ``(qkv h d)`` split, one head in detail, the merge and
     ``proj``. Shapes from a traced pass and the model's own attention map.
     """
-    cfg = vitlab.get_config(name)
-    model = cast(ViT, vitlab.create_model(name).eval())
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
-    shapes = trace_shapes(model, size, ["blocks.0.norm1", "blocks.0.attn.qkv", "blocks.0.attn"])
+    model, size, shapes = trace_preset(name, ["blocks.0.norm1", "blocks.0.attn.qkv", "blocks.0.attn"])
     tokens, width = shapes["blocks.0.norm1"][1:]
     qkv_width = shapes["blocks.0.attn.qkv"][-1]
     with torch.no_grad():
-        attn_map = model.get_attention_maps(torch.zeros(size))[0]  # (1, h, N, N)
+        attn_map = cast(ViT, model).get_attention_maps(torch.zeros(size, device="meta"))[0]  # (1, h, N, N)
     heads, n_query, n_key = attn_map.shape[1:]
     head_dim = width // heads
 
@@ -107,9 +102,7 @@ def encoder_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
     input (the residual stream ``x``), the second after the first addition.
     """
     cfg = vitlab.get_config(name)
-    model = vitlab.create_model(name)
-    size = (1, cfg.in_chans, cfg.img_size, cfg.img_size)
-    shapes = trace_shapes(model, size, ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "norm", "head"])
+    model, size, shapes = trace_preset(name, ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "norm", "head"])
     n_patches, width = shapes["patch_embed"][1:]
     tokens = shapes["blocks.0"][1]
     hidden = shapes["blocks.0.mlp.fc1"][-1]
