@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-.PHONY: help install mathjax lint test test-fast test-gpu execute book chapter-times clean
+.PHONY: help install mathjax lint test test-fast test-gpu execute book book-online chapter-times reading-times clean
 
 help:
 	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
@@ -16,8 +16,10 @@ help:
 	@echo "make test-fast  unit tests only (tests/), without the slow ones (second notebook run, fresh venv)"
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
 	@echo "make execute    re-run every notebook in place (regenerates the stored outputs)"
-	@echo "make book       build the book into _build/html"
+	@echo "make book       build the book into _build/html (offline: the stored outputs as they are)"
+	@echo "make book-online  run the cells that need the internet for real, then build the book (what is published)"
 	@echo "make chapter-times  run each notebook alone in a fresh kernel and print how long it takes"
+	@echo "make reading-times  how long each chapter's main path takes to read (prose and visible code)"
 	@echo "make clean      remove build outputs (keeps $(VENV))"
 
 # Re-installs only when a requirements file or pyproject.toml changes.
@@ -78,8 +80,17 @@ execute: $(STAMP)
 book: $(STAMP) mathjax
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 
+# What the publishing workflow runs: a staged copy of the book whose notebooks with
+# %%needs_internet cells run online (a failed download stops it, naming the model), then
+# the same strict build as `make book`, into _build/html. The working tree is not changed.
+book-online: $(STAMP) mathjax
+	$(PY) book/_scripts/online_book.py
+
 chapter-times: $(STAMP)
 	$(PY) benchmarks/chapter_times.py
+
+reading-times: $(STAMP)
+	$(PY) benchmarks/reading_time.py
 
 clean:
 	rm -rf _build .pytest_cache node_modules $(MATHJAX)

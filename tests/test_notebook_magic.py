@@ -47,3 +47,15 @@ def test_gpu_cells_are_skipped_without_cuda(capsys: pytest.CaptureFixture[str]) 
 def test_the_magic_needs_a_model_name() -> None:
     with pytest.raises(SystemExit):
         run_needing_internet("", "pass", {}, set())
+
+
+def test_where_the_internet_is_required_a_failed_download_names_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitlab.notebook import REQUIRE_ENV, DownloadFailedError
+
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    unavailable: set[str] = set()
+    with pytest.raises(DownloadFailedError, match="levit_128s.*ConnectionRefusedError"):
+        run_needing_internet("levit_128s", "raise ConnectionRefusedError('no network')", {}, unavailable)
+    assert unavailable == set(), "nothing is skipped quietly: the run stops"
+    with pytest.raises(ZeroDivisionError):
+        run_needing_internet("levit_128s", "1 / 0", {}, unavailable)

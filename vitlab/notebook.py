@@ -14,11 +14,17 @@ cell would have made. ``--gpu`` also skips the cell where CUDA is missing (a fin
 run that would take hours on a CPU). So every chapter runs top to bottom on any machine,
 and what an offline run stores is a true account of what happened, never a stand-in
 result. Any other error is raised as usual.
+
+The published book must show the real outputs, never the "Not run here" line: where the
+environment variable ``VITLAB_REQUIRE_INTERNET`` is ``1`` (``make book-online`` sets it
+for the kernels it starts), a failed download raises :class:`DownloadFailedError`, which
+names the model, and the notebook's run stops there.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from typing import Any
 
@@ -27,6 +33,11 @@ import torch
 # What a failed download raises: vitlab.pretrained.WeightsUnavailableError and the
 # urllib/socket errors of a dataset download are all OSErrors.
 DOWNLOAD_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+REQUIRE_ENV = "VITLAB_REQUIRE_INTERNET"  # "1": a failed download is an error (make book-online)
+
+
+class DownloadFailedError(RuntimeError):
+    """A ``%%needs_internet`` cell's download failed where the internet is required."""
 
 
 def _parse(line: str) -> argparse.Namespace:
@@ -52,6 +63,9 @@ def run_needing_internet(line: str, cell: str, namespace: dict[str, Any], unavai
     try:
         exec(compile(cell, f"<needs_internet {args.name}>", "exec"), namespace)  # noqa: S102 (the cell's own code)
     except DOWNLOAD_ERRORS as error:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            message = f"the download for {args.name} failed ({type(error).__name__}: {error}), and {REQUIRE_ENV}=1"
+            raise DownloadFailedError(message) from error
         unavailable.add(args.name)
         kind = type(error).__name__
         print(f"Not run here: a download failed ({kind}); this cell needs the internet. Run it in Colab.")
