@@ -32,7 +32,7 @@ BOX = "Not run here"
 pytestmark = pytest.mark.slow
 
 
-def _cell(cell_type: str, source: str, outputs: list | None = None) -> dict:
+def _cell(cell_type: str, source: str, outputs: list | None = None, tags: list[str] | None = None) -> dict:
     cell: dict = {
         "cell_type": cell_type,
         "id": hashlib.sha1(source.encode()).hexdigest()[:8],
@@ -41,6 +41,8 @@ def _cell(cell_type: str, source: str, outputs: list | None = None) -> dict:
     }
     if cell_type == "code":
         cell |= {"execution_count": 1, "outputs": outputs or []}
+    if tags:
+        cell["metadata"]["tags"] = tags
     return cell
 
 
@@ -68,7 +70,7 @@ def write_book(root: Path) -> None:
         "cells": [
             _cell("markdown", "# Chapter\n\nWith trained weights."),
             _cell("code", "%load_ext vitlab.notebook"),
-            _cell("code", code, [offline]),
+            _cell("code", code, [offline], ["needs-internet", "nbval-skip", "remove-output"]),
         ],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
         "nbformat": 4,

@@ -12,7 +12,9 @@ attention maps, their learned biases. This script
    fresh kernel, with ``VITLAB_REQUIRE_INTERNET=1``: a download that fails raises
    ``DownloadFailedError`` naming the model, and the script stops with exit status 1 and
    that name, so a published book never shows the "Not run here" line (a ``--gpu`` cell
-   still says that it needs a GPU where CUDA is missing);
+   still says that it needs a GPU where CUDA is missing); then it drops the
+   ``remove-output`` tag of those cells, which hides their offline output in ``make book``,
+   so that the book shows what they printed;
 3. builds the staged book with ``jupyter-book build -W -n --keep-going`` into
    ``<out>/_build/html``, the folder the publishing workflow uploads.
 
@@ -97,6 +99,10 @@ def run_online(notebook: Path) -> float:
         what = f"the download of {found.group(1)} failed" if found else "a cell raised"
         last = text.splitlines()[-1] if text else type(error).__name__
         raise OnlineBuildError(f"{notebook.name}: {what}: {last}") from error
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.lstrip().startswith(MAGIC):
+            tags = cell.metadata.get("tags", [])
+            cell.metadata["tags"] = [t for t in tags if t != "remove-output"]
     nbformat.write(nb, notebook)
     return time.monotonic() - start
 
