@@ -185,3 +185,34 @@ def test_cifar10_corrupt_files(fake_cifar: Path) -> None:
     (fake_cifar / CIFAR10_FOLDER / "data_batch_3").write_bytes(b"truncated")
     with pytest.raises(RuntimeError, match="incomplete or corrupt"):
         load_cifar10(fake_cifar)
+
+
+def test_a_validation_split_comes_out_of_the_training_images_only() -> None:
+    plain = load_digits(seed=0)
+    with_val = load_digits(seed=0, val_fraction=0.15)
+    assert plain.val is None
+    assert with_val.val is not None
+    assert len(with_val.train) + len(with_val.val) == len(plain.train)
+    assert len(with_val.test) == len(plain.test)
+    # the same test images (standardised with other statistics, so compare the labels' order
+    # and the pixels' ranks) and no image in two splits
+    assert torch.equal(with_val.test.labels, plain.test.labels)  # type: ignore[attr-defined]
+    val_labels = with_val.val.labels  # type: ignore[attr-defined]
+    assert torch.bincount(val_labels, minlength=10).min() >= 18, "stratified: every class in the validation split"
+    train_x, val_x = with_val.train.images, with_val.val.images  # type: ignore[attr-defined]
+    assert not (train_x.flatten(1)[:, None] == val_x.flatten(1)[None]).all(-1).any(), "a validation image in training"
+    assert abs(float(train_x.mean())) < 1e-5, "standardised with the (smaller) training split's statistics"
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="val_fraction must be in"):
+            load_digits(val_fraction=bad)
+
+
+def test_eval_loader_is_unshuffled_and_refuses_a_missing_split() -> None:
+    from vitlab.data import eval_loader
+
+    splits = load_digits(seed=0, val_fraction=0.15)
+    assert splits.val is not None
+    labels = torch.cat([y for _, y in eval_loader(splits.val, batch_size=50)])
+    assert torch.equal(labels, splits.val.labels)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="val_fraction"):
+        eval_loader(load_digits().val)

@@ -3,6 +3,7 @@ that a tiny ViT actually learns digits."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -75,7 +76,7 @@ def test_a_tiny_vit_learns_digits(digits_loaders) -> None:
     before = evaluate(model, test)[1]
     history = fit(model, train, test, TrainConfig(epochs=4, warmup_epochs=1, lr=3e-3, progress=False))
     assert isinstance(history, History) and history.epoch == [1, 2, 3, 4]
-    assert before < 0.2 and history.test_acc[-1] > 0.6  # chance is 0.1; 4 short epochs are enough for this
+    assert before < 0.2 and history.eval_acc[-1] > 0.6  # chance is 0.1; 4 short epochs are enough for this
     assert history.train_loss[-1] < history.train_loss[0]
     assert not model.training
     assert len(history.seconds) == 4 and history.total_seconds > 0
@@ -97,7 +98,7 @@ def test_a_distilled_deit_trains_on_its_averaged_heads(digits_loaders) -> None:
         num_heads=2,
     )
     history = fit(model, train, test, TrainConfig(epochs=1, warmup_epochs=0, progress=False))
-    assert 0.0 <= history.test_acc[0] <= 1.0
+    assert 0.0 <= history.eval_acc[0] <= 1.0
 
 
 @pytest.mark.parametrize(
@@ -120,3 +121,28 @@ def test_fit_rejects_a_plain_dict_config(digits_loaders) -> None:
     train, test = digits_loaders
     with pytest.raises(TypeError, match="config must be a vitlab.train.TrainConfig, got dict"):
         fit(tiny_vit(), train, test, {"epochs": 1})
+
+
+def test_keep_best_ends_with_the_best_held_out_epochs_weights() -> None:
+    from vitlab.data import eval_loader
+
+    splits = load_digits(val_fraction=0.15, seed=0)
+    train, _ = make_loaders(splits, batch_size=64, seed=0)
+    val = eval_loader(splits.val)
+    config = TrainConfig(epochs=5, warmup_epochs=1, lr=3e-3, progress=False, keep_best=True)
+    model = tiny_vit()
+    history = fit(model, train, val, config)
+    best = history.best_epoch
+    assert history.eval_acc[best - 1] == max(history.eval_acc)
+    assert math.isclose(evaluate(model, val)[1], max(history.eval_acc)), "the model holds the best epoch's weights"
+    last = tiny_vit()
+    train, _ = make_loaders(splits, batch_size=64, seed=0)  # the same batches again
+    fit(last, train, val, dataclasses.replace(config, keep_best=False))
+    assert math.isclose(evaluate(last, val)[1], history.eval_acc[-1]), "without keep_best: the last epoch"
+
+
+def test_best_epoch_takes_the_first_of_equals_and_needs_an_epoch() -> None:
+    history = History(epoch=[1, 2, 3], eval_acc=[0.5, 0.9, 0.9])
+    assert history.best_epoch == 2
+    with pytest.raises(ValueError, match="no epoch has run"):
+        _ = History().best_epoch

@@ -29,9 +29,10 @@ CIFAR10_FOLDER = "cifar-10-batches-py"  # what torchvision's CIFAR10 reads under
 
 @dataclass(frozen=True)
 class DatasetSplits:
-    """A train/test split and the image format a model must be built for.
+    """A train/test split (and optionally a validation split) and the image format a model must be built for.
 
-    Each item of ``train`` and ``test`` is ``(image (C, H, W) float, label int)``.
+    Each item of ``train``, ``test`` and ``val`` is ``(image (C, H, W) float, label int)``.
+    ``val`` is ``None`` unless the loader was asked to carve one out of the training data.
     """
 
     train: Dataset
@@ -39,6 +40,7 @@ class DatasetSplits:
     in_chans: int
     image_size: int
     class_names: tuple[str, ...]
+    val: Dataset | None = None
 
     @property
     def num_classes(self) -> int:
@@ -93,15 +95,19 @@ class TensorImageDataset(Dataset):
 
 
 def load_digits(
-    *, test_fraction: float = 0.2, seed: int = 0, augment: bool = False, image_size: int = 8
-) -> DatasetSplits:
+    *, test_fraction: float = 0.2, val_fraction: float = 0.0, seed: int = 0, augment: bool = False,
+    image_size: int = 8,
+) -> DatasetSplits:  # fmt: skip
     """scikit-learn's handwritten digits as 1x8x8 images (or upsampled), split stratified by class.
 
     Pixels (0-16) are standardised with the mean and standard deviation of the training
-    images only, so nothing about the test set leaks into training.
+    images only, so nothing about the validation or test images leaks into training.
 
     Args:
         test_fraction: share of the 1,797 images held out for testing, in (0, 1).
+        val_fraction: share of the remaining (non-test) images held out for validation, in
+            [0, 1); 0 (the default) makes no validation split. The test split is the same
+            whatever this is.
         seed: seed of the split (the same seed gives the same split everywhere).
         augment: shift each training image by up to one pixel (:class:`RandomShift`), a
             pixel of the returned (possibly upsampled) image.
@@ -115,6 +121,8 @@ def load_digits(
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise ValueError(f"image_size must be an int >= 8 (the digits are 8x8; only upsampling), got {image_size!r}")
     from sklearn.datasets import load_digits as sklearn_digits
@@ -128,6 +136,11 @@ def load_digits(
     train_idx, test_idx = train_test_split(
         torch.arange(len(labels)).numpy(), test_size=test_fraction, random_state=seed, stratify=labels.numpy()
     )
+    val_idx = None
+    if val_fraction > 0:
+        train_idx, val_idx = train_test_split(
+            train_idx, test_size=val_fraction, random_state=seed, stratify=labels.numpy()[train_idx]
+        )
     train_idx, test_idx = torch.from_numpy(train_idx), torch.from_numpy(test_idx)
     mean, std = images[train_idx].mean(), images[train_idx].std()
     images = (images - mean) / std
@@ -137,6 +150,7 @@ def load_digits(
         in_chans=1,
         image_size=image_size,
         class_names=tuple(str(d) for d in range(10)),
+        val=None if val_idx is None else TensorImageDataset(images[torch.from_numpy(val_idx)], labels[val_idx]),
     )
 
 
@@ -206,6 +220,13 @@ def make_loaders(
     train = DataLoader(splits.train, batch_size=batch_size, shuffle=True, generator=generator, num_workers=num_workers)
     test = DataLoader(splits.test, batch_size=max(batch_size, 256), shuffle=False, num_workers=num_workers)
     return train, test
+
+
+def eval_loader(dataset: Dataset | None, *, batch_size: int = 256, num_workers: int = 0) -> DataLoader:
+    """An unshuffled loader for held-out data (a validation or test split)."""
+    if dataset is None:
+        raise ValueError("no dataset to load: ask for a validation split (e.g. load_digits(val_fraction=0.15))")
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
 
 
 def first_batch(dataset: Dataset, n: int) -> tuple[Tensor, Tensor]:

@@ -5,6 +5,11 @@ small dataset needs: AdamW with no weight decay on biases, norms, tokens and pos
 embeddings; a linear warmup then a cosine decay, updated every step; label smoothing;
 optional mixup (off by default); gradient clipping; mixed precision on a CUDA GPU only.
 
+``fit`` measures the model on a held-out loader after every epoch: a **validation**
+split while you choose hyperparameters or the epoch to keep (``keep_best=True`` restores
+the weights of the epoch with the best held-out accuracy), and the test split only once, at
+the very end, with :func:`evaluate`.
+
 ``fit`` seeds PyTorch's global generator with ``config.seed`` before it starts (dropout,
 drop path and mixup draw from it) and the caller's training loader should carry its own
 seeded generator (``vitlab.data.make_loaders`` does): then two runs on the CPU give the
@@ -43,6 +48,7 @@ class TrainConfig:
     amp: bool = True  # mixed precision, used only when the model is on a CUDA device
     seed: int = 0
     progress: bool = True  # a tqdm bar over the epochs
+    keep_best: bool = False  # end with the weights of the epoch with the best held-out accuracy
 
     def __post_init__(self) -> None:
         if not isinstance(self.epochs, int) or self.epochs < 1:
@@ -61,15 +67,16 @@ class TrainConfig:
 
 @dataclass
 class History:
-    """One entry per epoch. Test metrics use plain cross-entropy (no smoothing)."""
+    """One entry per epoch. The held-out metrics (``eval_*``: whatever loader ``fit`` was
+    given, a validation split or a test split) use plain cross-entropy (no smoothing)."""
 
     epoch: list[int] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)  # learning rate at the end of the epoch
     train_loss: list[float] = field(default_factory=list)
     train_acc: list[float] = field(default_factory=list)
-    test_loss: list[float] = field(default_factory=list)
-    test_acc: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)  # wall time of the epoch (training + test)
+    eval_loss: list[float] = field(default_factory=list)
+    eval_acc: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # wall time of the epoch (training + held-out)
 
     def as_dict(self) -> dict[str, list]:
         return asdict(self)
@@ -77,6 +84,13 @@ class History:
     @property
     def total_seconds(self) -> float:
         return sum(self.seconds)
+
+    @property
+    def best_epoch(self) -> int:
+        """The epoch (1-based) with the best held-out accuracy; the first one on a tie."""
+        if not self.eval_acc:
+            raise ValueError("the history is empty: no epoch has run")
+        return self.epoch[max(range(len(self.eval_acc)), key=lambda i: (self.eval_acc[i], -i))]
 
 
 def warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
@@ -153,11 +167,15 @@ def evaluate(model: nn.Module, loader: Iterable, *, amp: bool = True) -> tuple[f
     return loss_sum / count, correct / count
 
 
-def fit(model: nn.Module, train_loader: DataLoader, test_loader: Iterable, config: TrainConfig) -> History:
-    """Train ``model`` (already on its device) for ``config.epochs`` epochs; test after each.
+def fit(model: nn.Module, train_loader: DataLoader, eval_loader: Iterable, config: TrainConfig) -> History:
+    """Train ``model`` (already on its device) for ``config.epochs`` epochs; measure it on ``eval_loader`` after each.
+
+    ``eval_loader`` is held-out data: a validation split to choose hyperparameters and the
+    epoch (``config.keep_best``), or, once the choices are made, the test split.
 
     Returns:
-        The :class:`History` of the run. The model is left trained, in eval mode.
+        The :class:`History` of the run. The model is left trained, in eval mode, with the
+        last epoch's weights, or those of ``history.best_epoch`` when ``config.keep_best``.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a vitlab.train.TrainConfig, got {type(config).__name__}")
@@ -179,6 +197,7 @@ def fit(model: nn.Module, train_loader: DataLoader, test_loader: Iterable, confi
     use_fp16 = config.amp and device.type == "cuda" and not torch.cuda.is_bf16_supported()
     scaler = torch.amp.GradScaler(device.type, enabled=use_fp16)
     history = History()
+    best_state: dict[str, Tensor] | None = None  # the best epoch's weights (keep_best)
     epochs: Any = range(1, config.epochs + 1)  # a tqdm bar over it with config.progress
     if config.progress:
         from tqdm.auto import tqdm
@@ -207,15 +226,19 @@ def fit(model: nn.Module, train_loader: DataLoader, test_loader: Iterable, confi
             loss_sum += loss.item() * labels.numel()
             correct += (logits.argmax(-1) == labels).sum().item()
             count += labels.numel()
-        test_loss, test_acc = evaluate(model, test_loader, amp=config.amp)
+        eval_loss, eval_acc = evaluate(model, eval_loader, amp=config.amp)
+        if config.keep_best and (not history.eval_acc or eval_acc > max(history.eval_acc)):
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         history.epoch.append(epoch)
         history.lr.append(optimizer.param_groups[0]["lr"])
         history.train_loss.append(loss_sum / count)
         history.train_acc.append(correct / count)
-        history.test_loss.append(test_loss)
-        history.test_acc.append(test_acc)
+        history.eval_loss.append(eval_loss)
+        history.eval_acc.append(eval_acc)
         history.seconds.append(time.perf_counter() - start)
         if config.progress:
-            epochs.set_postfix(loss=f"{loss_sum / count:.3f}", test_acc=f"{test_acc:.3f}")
+            epochs.set_postfix(loss=f"{loss_sum / count:.3f}", eval_acc=f"{eval_acc:.3f}")
+    if best_state is not None:
+        model.load_state_dict(best_state)
     model.eval()
     return history
