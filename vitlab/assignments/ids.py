@@ -1,0 +1,213 @@
+"""Student ids for submissions, as learning management systems export them; never two students merged.
+
+Usage (the grader)::
+
+    from vitlab.assignments.ids import StudentIdError, student_ids
+
+    ids = student_ids(paths, root=submissions_folder)  # {path: "123456", ...}
+    # raises StudentIdError (a ValueError) naming both files when two get the same id
+
+``source`` says where an id comes from:
+
+``"auto"`` (default), the first that applies to a path:
+
+1. **Moodle** (``"moodle"``): "Download all submissions" of an assignment zips one folder
+   per student and plugin, ``<Full Name>_<participant id>_assignsubmission_file_``,
+   holding the files under their own names (``Jane Doe_123456_assignsubmission_file_/
+   09_pit.ipynb`` is ``123456``); with "Download submissions in folders" off (and before
+   Moodle 3.1) the same prefix is on each file name instead (``Jane Doe_123456_
+   assignsubmission_file_09_pit.ipynb``). Blind marking writes ``Participant`` for the
+   name, group submissions ``<group>-<name>``. The number is the participant identifier
+   of the assignment, the one in the "Identifier" column ("Participant 123456") of its
+   offline grading worksheet. Source: ``mod/assign/locallib.php``,
+   ``assign::download_submissions()`` (moodle/moodle): ``$prefix = clean_filename(
+   str_replace('_', ' ', $groupname . fullname($student)) . '_' .
+   $this->get_uniqueid_for_user($userid))``, then ``$prefix . '_' . $subtype . '_' .
+   $type . '_'`` as a folder (``$downloadasfolders``, the default since 3.1) or as the
+   start of each file name. The whole path is searched, nearest folder first, so a
+   single submission graded alone keeps its id.
+2. **Canvas** (``"canvas"``): "Download Submissions" zips every file flat, renamed
+   ``<sortable name>_[LATE_]<user id>_<attachment id>_<file name>``, the name lower-cased
+   with everything but letters and digits removed (``doejane_12345_6789012_09_pit.ipynb``
+   and ``doejane_LATE_12345_6789012_09_pit.ipynb`` are ``12345``); an anonymous
+   assignment writes ``anon_<anonymous id>`` for the name and user id (that is the id
+   then). A file a student submitted twice under the same name keeps Canvas's ``-1``
+   suffix (``..._09_pit-1.ipynb``); it does not change the id. Source:
+   ``lib/content_zipper.rb``, ``ContentZipper#get_filename`` and
+   ``#add_upload_submission`` (instructure/canvas-lms):
+   ``[users_name, submission.late? ? "LATE" : nil, id].compact.join("_")`` then
+   ``"#{filename}_#{file.id}_#{display_name}"``; the same layout is shown by the
+   ``canvas-unzipper`` tool's README (``smithbob_340934_208490284_BobsWork.zip``).
+3. **A per-student folder** (``"folder"``): the first folder of the path under ``root``
+   (``root/s1234/09_pit.ipynb`` is ``s1234``).
+4. **The file name** (``"file"``): the course's convention ``<id>_<NN>_<chapter>.ipynb``
+   (``s1234_09_pit.ipynb`` is ``s1234``), else the whole name without ``.ipynb``.
+   Decorations that copying adds are removed first: ``Copy of `` (Google Drive),
+   `` (1)`` (browsers, Drive), `` - Copy`` (Windows), `` copy``/`` copy 2`` (macOS).
+
+``"pattern"`` (or any ``pattern`` given): the regular expression ``pattern`` is searched in
+the path relative to ``root`` (``/``-separated, ``.ipynb`` kept); the id is its group
+``id``, else its group 1. A path it does not match is an error.
+
+``root`` defaults to the deepest folder holding every path.
+
+Two paths with the same id raise :class:`StudentIdError`, naming both: the gradebook has
+one row per student and must never merge two. So ``09_pit (1).ipynb`` and
+``Copy of 09_pit.ipynb`` side by side in one folder are an error (both are ``09_pit``:
+the same student's copies, or two students the export cannot tell apart; either way the
+instructor decides), while two un-renamed ``09_pit.ipynb`` in two per-student folders
+get the two folders' ids.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+SOURCES = ("auto", "moodle", "canvas", "folder", "file", "pattern")
+
+# "<Full Name>_<participant id>_assignsubmission_<plugin>_" (a folder, or the start of a file name)
+_MOODLE = re.compile(r"^(?P<name>.+?)_(?P<id>\d+)_assignsubmission_(?P<plugin>[a-z0-9]+)_(?P<rest>.*)$", re.DOTALL)
+# "<sortablename>_[LATE_]<user id>_<attachment id>_<file name>", or "[LATE_]anon_<anonymous id>_..."
+_CANVAS = re.compile(
+    r"^(?:(?!LATE_)(?P<name>[^\W_]+)_)?(?:LATE_)?(?P<id>\d+|anon_[A-Za-z0-9]+)_(?P<attachment>\d+)_(?P<rest>.+)$"
+)
+_CONVENTION = re.compile(r"^(?P<id>.+?)_\d{2}_[^_].*$")  # "s1234_09_pit" -> "s1234"
+_COPY_DECORATIONS = (
+    re.compile(r"^Copy of ", re.IGNORECASE),  # Google Drive
+    re.compile(r" \(\d+\)$"),  # browsers, Google Drive: "09_pit (1)"
+    re.compile(r" - Copy(?: \(\d+\))?$", re.IGNORECASE),  # Windows Explorer
+    re.compile(r" copy(?: \d+)?$", re.IGNORECASE),  # macOS Finder
+)
+
+
+class StudentIdError(ValueError):
+    """No student id can be found for a submission, or two submissions get the same one."""
+
+
+def _undecorated(stem: str) -> str:
+    """``stem`` without the decorations that copying a file adds (repeatedly: "Copy of x (1)")."""
+    while True:
+        before = stem
+        for decoration in _COPY_DECORATIONS:
+            stem = decoration.sub("", stem).strip()
+        if stem == before:
+            return stem
+
+
+def _stem(name: str) -> str:
+    return name[: -len(".ipynb")] if name.lower().endswith(".ipynb") else name
+
+
+def _moodle(path: Path) -> str | None:
+    """The participant id of a Moodle export path (the nearest folder or file name that has one), or ``None``.
+
+    The whole path is read, not only what is below ``root``: Moodle's folder names are
+    recognisable, and a single submission's root is its own folder.
+    """
+    for part in reversed(Path(os.path.abspath(path)).parts):
+        match = _MOODLE.match(part)
+        if match is not None:
+            return match.group("id")
+    return None
+
+
+def _canvas(name: str) -> str | None:
+    match = _CANVAS.match(name)
+    return match.group("id") if match is not None else None
+
+
+def _folder(parts: tuple[str, ...]) -> str | None:
+    return (parts[0].strip() or None) if len(parts) > 1 else None
+
+
+def _file(name: str) -> str | None:
+    stem = _undecorated(_stem(name))
+    match = _CONVENTION.match(stem)
+    return (match.group("id") if match is not None else stem) or None
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"pattern must be a regular expression, got {pattern!r}: {exc}") from exc
+    if "id" not in compiled.groupindex and compiled.groups == 0:
+        raise ValueError(f"pattern must have a group named 'id' (or a group 1), got {pattern!r}")
+    return compiled
+
+
+def _from_pattern(compiled: re.Pattern[str], relative: str) -> str | None:
+    match = compiled.search(relative)
+    if match is None:
+        return None
+    found = match.group("id") if "id" in compiled.groupindex else match.group(1)
+    return found or None
+
+
+def _root(paths: Sequence[Path]) -> Path:
+    parents = [os.path.abspath(p.parent) for p in paths]
+    return Path(os.path.commonpath(parents))
+
+
+def student_ids(
+    paths: Sequence[Path], *, root: Path | None = None, source: str = "auto", pattern: str | None = None
+) -> dict[Path, str]:
+    """Each path's student id (the module's docstring says how), all different.
+
+    Args:
+        paths: the submissions.
+        root: the folder the export was unpacked into (default: the deepest folder holding
+            every path); per-student folders and ``pattern`` are read below it.
+        source: ``"auto"``, ``"moodle"``, ``"canvas"``, ``"folder"``, ``"file"`` or ``"pattern"``.
+        pattern: a regular expression with a group ``id`` (or a group 1), searched in the
+            path relative to ``root``; given, it is used whatever ``source`` says.
+
+    Raises:
+        StudentIdError: a path has no id where ``source`` says, or two paths get the same
+            id (both are named).
+        ValueError: an unknown ``source``, a ``pattern`` that is not a regular expression
+            or has no group, a path outside ``root``.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    if source == "pattern" and pattern is None:
+        raise ValueError("source 'pattern' needs a pattern (a regular expression with a group 'id')")
+    compiled = _compile(pattern) if pattern is not None else None
+    paths = [Path(p) for p in paths]
+    if not paths:
+        return {}
+    base = Path(os.path.abspath(root)) if root is not None else _root(paths)
+    ids: dict[Path, str] = {}
+    owner: dict[str, Path] = {}
+    for path in paths:
+        try:
+            relative = PurePosixPath(Path(os.path.abspath(path)).relative_to(base).as_posix())
+        except ValueError:
+            raise ValueError(f"every path must be inside root {str(base)!r}, got {str(path)!r}") from None
+        parts = relative.parts
+        if compiled is not None:
+            found, where = _from_pattern(compiled, str(relative)), f"pattern {compiled.pattern!r}"
+        elif source == "moodle":
+            found, where = _moodle(path), "a Moodle folder or file name (<name>_<id>_assignsubmission_file_)"
+        elif source == "canvas":
+            found, where = _canvas(relative.name), "a Canvas file name (<name>_<user id>_<file id>_<file>)"
+        elif source == "folder":
+            found, where = _folder(parts), f"a per-student folder under {str(base)!r}"
+        elif source == "file":
+            found, where = _file(relative.name), "the file name"
+        else:
+            found = _moodle(path) or _canvas(relative.name) or _folder(parts) or _file(relative.name)
+            where = "the path"
+        if found is None:
+            raise StudentIdError(f"no student id in {str(path)!r}: expected {where}")
+        if found in owner:
+            raise StudentIdError(
+                f"{str(owner[found])!r} and {str(path)!r} both get student id {found!r}: rename one, "
+                "or choose how ids are read (source, pattern)"
+            )
+        owner[found] = path
+        ids[path] = found
+    return ids
