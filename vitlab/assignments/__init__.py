@@ -4,8 +4,8 @@ From the command line (``python -m vitlab.assignments --help``)::
 
     python -m vitlab.assignments validate notebooks/
     python -m vitlab.assignments student notebooks/ --out student/
-    python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300 \
-        --cell-timeout 60 --gradebook gradebook.csv --feedback feedback/
+    python -m vitlab.assignments grade submissions/ --release student/ --out results.csv --json results.json \
+        --timeout 300 --cell-timeout 60 --gradebook gradebook.csv --feedback feedback/
 
 An instructor notebook marks its exercises with cell tags (``exercise``, ``solution``,
 ``check``, ``answer``; see :mod:`vitlab.assignments.exercises`). ``nbformat`` and
@@ -31,6 +31,7 @@ from vitlab.assignments.grade import (
     write_gradebook,
     write_json,
 )
+from vitlab.assignments.release import Release, read_release
 from vitlab.assignments.student import StudentCopy, make_student, student_notebook
 
 __all__ = [
@@ -39,12 +40,14 @@ __all__ = [
     "ExerciseResult",
     "NotebookReport",
     "NotebookResult",
+    "Release",
     "StudentCopy",
     "find_notebooks",
     "grade",
     "grade_notebook",
     "inspect_notebook",
     "make_student",
+    "read_release",
     "student_id",
     "student_notebook",
     "write_csv",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vitlab.assignments.exercises import (
     AssignmentError,
@@ -13,7 +14,6 @@ from vitlab.assignments.exercises import (
 )
 from vitlab.assignments.grade import (
     CSV_COLUMNS,
-    DEFAULT_ID_PATTERN,
     grade,
     summary,
     write_csv,
@@ -21,13 +21,14 @@ from vitlab.assignments.grade import (
     write_gradebook,
     write_json,
 )
+from vitlab.assignments.ids import SOURCES, StudentIdError
 from vitlab.assignments.student import make_student
 
 EXAMPLES = """examples:
   python -m vitlab.assignments validate notebooks/
   python -m vitlab.assignments student notebooks/ --out student/
-  python -m vitlab.assignments grade submissions/*.ipynb --out results.csv --json results.json --timeout 300
-  python -m vitlab.assignments grade submissions/ --out results.csv --gradebook gradebook.csv \
+  python -m vitlab.assignments grade submissions/*.ipynb --release student/ --out results.csv --json results.json
+  python -m vitlab.assignments grade submissions/ --release student/ --out results.csv --gradebook gradebook.csv \
       --feedback feedback/ --cell-timeout 60 --timeout 300
 
 More in the book's page "For instructors" (book/instructors.md)."""
@@ -80,22 +81,31 @@ def student(args: argparse.Namespace) -> int:
 def grade_command(args: argparse.Namespace) -> int:
     import re
 
-    try:
-        re.compile(args.id_pattern)
-    except re.error as exc:
-        raise AssignmentError(f"--id-pattern is not a regular expression: {exc}") from exc
+    if args.id_pattern is not None:
+        try:
+            re.compile(args.id_pattern)
+        except re.error as exc:
+            raise AssignmentError(f"--id-pattern is not a regular expression: {exc}") from exc
     if args.cell_timeout is not None and args.cell_timeout <= 0:
         raise AssignmentError("--cell-timeout must be > 0 seconds")
     paths = [path for path, _ in find_notebooks(args.submissions)]
+    for output in (args.out, args.json, args.gradebook):  # the folders, before hours of grading
+        if output:
+            Path(output).parent.mkdir(parents=True, exist_ok=True)
+    settings = {"cell_timeout": args.cell_timeout, "all_or_nothing": args.all_or_nothing}
+    ids = {"id_source": args.id_source, "id_pattern": args.id_pattern, "sandbox": not args.no_sandbox}
     results = []
-    settings = {"cell_timeout": args.cell_timeout, "all_or_nothing": args.all_or_nothing, "id_pattern": args.id_pattern}
-    for result in grade(paths, timeout=args.timeout, jobs=args.jobs, **settings):
-        print(summary(result), flush=True)
-        results.append(result)
+    try:
+        for result in grade(paths, args.release, timeout=args.timeout, jobs=args.jobs, **settings, **ids):
+            print(summary(result), flush=True)
+            results.append(result)
+    except (StudentIdError, ValueError) as exc:
+        raise AssignmentError(f"student ids: {exc}") from exc
+    # every kernel is gone by now: only the grader writes the results
     write_csv(results, args.out)
     written = [args.out]
     if args.json:
-        write_json(results, args.json, args.timeout, **settings)
+        write_json(results, args.json, args.timeout, release=[str(r) for r in args.release], **settings, **ids)
         written.append(args.json)
     if args.gradebook:
         write_gradebook(results, args.gradebook, args.id_column)
@@ -105,10 +115,15 @@ def grade_command(args: argparse.Namespace) -> int:
         written.append(f"{_plural(len(files), 'feedback file')} in {args.feedback}")
     passed, total = sum(r.passed for r in results), sum(r.total for r in results)
     score, best = sum(r.score for r in results), sum(r.max_score for r in results)
+    noted = sum(bool(r.anomalies or r.flags) for r in results)
     print(
         f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed, "
-        f"{score:g}/{best:g} points; written: {', '.join(map(str, written))}"
+        f"{score:g}/{best:g} points; {_plural(noted, 'notebook')} with anomalies or flags; "
+        f"written: {', '.join(map(str, written))}"
     )
+    sandboxes = sorted({r.sandbox for r in results if r.sandbox})
+    if sandboxes:
+        print(f"sandbox: {', '.join(sandboxes)}" + ("; file isolation unavailable" if "none" in sandboxes else ""))
     return 0
 
 
@@ -131,8 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the student notebooks")
     p.set_defaults(run=student)
 
-    p = commands.add_parser("grade", help="run submissions and collect what their check cells print")
+    p = commands.add_parser("grade", help="run submissions against the release's checks; score them")
     p.add_argument("submissions", nargs="+", metavar="SUBMISSION", help="notebooks or folders of them")
+    p.add_argument(
+        "--release",
+        required=True,
+        nargs="+",
+        metavar="RELEASE",
+        help="the student copies `student` wrote (files or folders): their check cells, points and order count",
+    )
     p.add_argument("--out", required=True, metavar="CSV", help=f"results, columns: {', '.join(CSV_COLUMNS)}")
     p.add_argument("--json", metavar="JSON", help="also write the results, with each notebook's summary, as JSON")
     p.add_argument("--timeout", type=float, default=300, help="seconds for a whole notebook (default 300)")
@@ -157,11 +179,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the gradebook's id column header, e.g. 'SIS User ID' (Canvas), 'SID' (default student_id)",
     )
     p.add_argument(
+        "--id-source",
+        default="auto",
+        choices=SOURCES,
+        help="where a student's id comes from (default auto: a Moodle or Canvas export's names, a per-student "
+        "folder, else the file name); two submissions with one id are an error, never merged",
+    )
+    p.add_argument(
         "--id-pattern",
-        default=DEFAULT_ID_PATTERN,
+        default=None,
         metavar="REGEX",
-        help="regular expression for the student id in the file name: group 'id', or group 1, or the "
-        "whole match; no match: the whole file name (default %(default)r)",
+        help="regular expression searched in the submission's path (relative to the submissions' common folder) "
+        "for the student id: group 'id', or group 1",
+    )
+    p.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run kernels without the OS sandbox (folder, environment and processes are still isolated)",
     )
     p.add_argument("--feedback", metavar="DIR", help="also write one feedback file per submission into DIR")
     p.add_argument(

@@ -1,32 +1,37 @@
-"""Grade submitted notebooks: run each one, read the results its check cells show.
+"""Grade submitted notebooks against the release: the student's code runs, the grader decides.
 
-Each notebook runs in a fresh ``python3`` kernel whose working folder is the notebook's
-folder, with a time limit for the whole notebook (kernel start-up not counted) and,
-optionally, one per cell. Cells that raise do not stop it (``allow_errors``), so later
-checks still run; the first error outside the check cells is recorded.
+``grade(submissions, release)`` reads every submission into memory first, then grades
+each one alone:
 
-A cell that runs past the per-cell limit is interrupted (``KeyboardInterrupt``, as the
-stop button does) and the run goes on with the next cell in the same kernel, so the
-names the earlier cells defined are still there. If the kernel does not answer within
-a few seconds of the interrupt (code stuck in C, or a ``try`` that swallows
-``KeyboardInterrupt``), it is restarted and every earlier cell that ran (check cells
-and the timed-out cell excepted) is run again, silently, before the run goes on.
+1. **Against the release.** The submission is matched to its release notebook (the
+   student copy ``student`` wrote) and its check cells are replaced by the release's
+   (:mod:`vitlab.assignments.release`): the release gives every check's source, points,
+   order and function. Edited, missing, duplicated or extra check cells and changed
+   metadata never change the score; each is reported as an anomaly. Exercises the
+   release does not assign are not graded.
+2. **In isolation** (:mod:`vitlab.assignments.isolation`): a fresh temporary folder with
+   only the notebook and what the release ships, a scrubbed environment, an OS sandbox
+   where one starts (else the result says file isolation was unavailable), and every
+   process the kernel started ended before anything is read.
+3. **Verdicts the student's code cannot reach.** Where the release has a check cell, the
+   kernel runs a grader's cell (:mod:`vitlab.assignments.harness`): the student's function
+   runs on the check's cases, written by the grader, and its outputs come back as data
+   (``torch.save``, read with ``torch.load(weights_only=True)`` and a size limit). The
+   grader's own process computes the references and compares
+   (:func:`vitlab.checks._core.evaluate`). Nothing the kernel prints or shows is read.
+4. **Copied references flagged.** An answer that is, or names, a vitlab object the
+   exercise asks the student to write, or anything of ``vitlab.checks``, keeps its score
+   and is flagged by name.
 
-A check cell is a code cell tagged ``check`` or one that calls
-``vitlab.checks.<name>(...)``. The kernels run with ``VITLAB_CHECK_DATA=1``, so every
-check shows its result as data (:data:`vitlab.checks._core.DATA_MIME`): status, message,
-cases passed of the cases run. A check cell without that data (an older ``vitlab``, a
-check of your own that prints) is read from its printed ``PASS``/``FAIL``/``TODO`` line.
-Its status is ``PASS``, ``FAIL`` or ``TODO``, else ``ERROR`` (the cell raised, showed
-no result, or the kernel died) or ``TIMEOUT`` (a time limit ran out before or during it).
+Each notebook has a time limit (kernel start-up not counted) and, optionally, one per
+cell. Cells that raise do not stop it, so later checks still run. A cell past the per-cell
+limit is interrupted; if the kernel does not answer within a few seconds it is restarted
+and every earlier cell that ran (the checks and the timed-out cell excepted) runs again.
 
-Score: ``points * fraction``, where ``points`` comes from the check cell's metadata
-(:func:`vitlab.assignments.exercises.points`, default 1) and ``fraction`` is the share
-of the check's cases that passed (0 for ``ERROR`` and ``TIMEOUT``); with
-``all_or_nothing`` it is ``points`` for a ``PASS`` and 0 otherwise.
-
-The grader runs the students' code with your permissions: grade in a container or a
-throwaway account.
+Status of an exercise: ``PASS``, ``FAIL``, ``TODO`` (the check's verdict), ``ERROR`` (the
+grader's cell could not run the function: the kernel died, the answers were unreadable)
+or ``TIMEOUT``. Score: ``points * fraction`` (the share of the check's cases that passed;
+0 for ``ERROR`` and ``TIMEOUT``), or with ``all_or_nothing`` the points for a ``PASS`` only.
 """
 
 from __future__ import annotations
@@ -37,36 +42,36 @@ import html
 import json
 import logging
 import math
-import os
 import re
 import subprocess
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vitlab.assignments.exercises import (
-    CHECK,
-    DEFAULT_POINTS,
-    AssignmentError,
-    check_call,
-    parse,
-    points,
-    source,
-    tags,
+from vitlab.assignments.exercises import DEFAULT_POINTS, source
+from vitlab.assignments.release import (
+    Release,
+    ReleaseCheck,
+    copied_references,
+    match_release,
+    plan,
+    read_release,
+    reference_objects,
+    suspicious,
+    vitlab_names,
 )
 
 STATUSES = ("PASS", "FAIL", "TODO", "ERROR", "TIMEOUT")
 CSV_COLUMNS = (
-    "notebook", "exercise", "function", "status", "message", "cell", "points", "fraction", "score", "student",
+    "notebook", "exercise", "function", "status", "message", "points", "fraction", "score", "student", "flags",
 )  # fmt: skip
-DATA_MIME = "application/vnd.vitlab.check+json"  # vitlab.checks._core.DATA_MIME (not imported: no torch here)
-DATA_ENV = "VITLAB_CHECK_DATA"
+ANSWERS_LIMIT = 64 * 2**20  # bytes: the largest answers file the grader reads back from a kernel
 DEFAULT_ID_PATTERN = r"^(?P<id>[^_]+)_"  # "s1234_07_t2t_vit.ipynb" -> "s1234"; no match: the file name
-_LINE = re.compile(r"^(PASS|FAIL|TODO) ([A-Za-z_]\w*)\b.*$", re.MULTILINE)
+_WORK = ".vitlab-grader"  # the folder, inside the submission's, for the cases and answers files
 _DATA_STATUS = {"passed": "PASS", "failed": "FAIL", "not implemented": "TODO"}
 _PROBE_SECONDS = 10  # how long an interrupted kernel may take to answer again
 _TIMEOUT_ENAME = "CellTimeoutError"  # the error nbclient's reply carries for a cell past its limit
@@ -77,23 +82,23 @@ _QUIET.propagate = False
 
 @dataclass(frozen=True)
 class ExerciseResult:
-    """One row of the results: a check cell of a notebook, what it showed, and its score."""
+    """One row of the results: an exercise of the release, its verdict and its score."""
 
     notebook: str
     exercise: str  # the check's name, e.g. "t2t_token_count"
     function: str  # the student's function given to the check
     status: str  # one of STATUSES
     message: str  # the check's line, or why there is none
-    cell: int | None  # index of the check cell in the notebook
-    points: float = DEFAULT_POINTS  # what the exercise is worth
+    points: float = DEFAULT_POINTS  # what the exercise is worth (the release's)
     fraction: float = 0.0  # share of the check's cases that passed
     score: float = 0.0  # points * fraction, or all or nothing
-    student: str = ""  # the student id taken from the file name
+    student: str = ""  # the student id
+    flags: str = ""  # copied references: the vitlab objects the answer uses or is ("" when none)
 
 
 @dataclass
 class NotebookResult:
-    """A graded notebook: its exercises, why it stopped, its first error, the time it ran."""
+    """A graded notebook: its exercises, why it stopped, its first error, anomalies, isolation, time."""
 
     notebook: str
     status: str = "OK"  # OK, ERROR (a cell raised, or the notebook could not run) or TIMEOUT
@@ -102,8 +107,12 @@ class NotebookResult:
     exercises: list[ExerciseResult] = field(default_factory=list)
     student: str = ""
     first_error: str = ""  # the first error outside the check cells, even when the run timed out
-    timed_out_cells: list[int] = field(default_factory=list)
+    timed_out_cells: list[int] = field(default_factory=list)  # indices in the submission
     restarts: int = 0  # kernel restarts after a cell that did not stop when interrupted
+    release: str = ""  # the release notebook it was graded against
+    anomalies: list[str] = field(default_factory=list)  # what differs from the release; never scored
+    sandbox: str = ""  # "bubblewrap", "unshare" or "none"
+    isolation: str = ""  # "" or why file isolation was unavailable
 
     @property
     def passed(self) -> int:
@@ -121,13 +130,18 @@ class NotebookResult:
     def max_score(self) -> float:
         return sum(r.points for r in self.exercises)
 
+    @property
+    def flags(self) -> list[str]:
+        """Every exercise's flags, ``"check: what"``."""
+        return [f"{r.exercise}: {r.flags}" for r in self.exercises if r.flags]
+
     def rows(self) -> list[ExerciseResult]:
         """The CSV rows: one per exercise, or one row saying why there are none."""
         if self.exercises:
             return self.exercises
-        message = self.error or "no check cells found"
+        message = self.error or "the release notebook has no check cells"
         status = "ERROR" if self.error else "TODO"
-        return [ExerciseResult(self.notebook, "", "", status, message, None, 0.0, 0.0, 0.0, self.student)]
+        return [ExerciseResult(self.notebook, "", "", status, message, 0.0, 0.0, 0.0, self.student)]
 
 
 def student_id(path: str | Path, pattern: str = DEFAULT_ID_PATTERN) -> str:
@@ -150,55 +164,16 @@ def _first_line(text: str, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _error(cell: dict[str, Any]) -> str | None:
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _error(cell: Any) -> str | None:
+    """``"NameError: name 'x' is not defined"``: the cell's error, its whole message on one line."""
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
-            return f"{output.get('ename', 'Error')}: {_first_line(output.get('evalue', ''))}".rstrip(": ")
+            text = " ".join(line.strip() for line in _ANSI.sub("", output.get("evalue", "")).splitlines())
+            return f"{output.get('ename', 'Error')}: {text}".rstrip(": ")
     return None
-
-
-def _shown_text(cell: dict[str, Any]) -> str:
-    """What the cell printed to stdout and showed as text/plain display data, in order."""
-    parts = []
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "stream" and output.get("name") == "stdout":
-            parts.append("".join(output.get("text", "")))
-        elif output.get("output_type") == "display_data":
-            text = output.get("data", {}).get("text/plain", "")
-            parts.append(("".join(text) if isinstance(text, list) else text) + "\n")
-    return "".join(parts)
-
-
-def check_data(cell: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every check result a cell showed as data (:data:`DATA_MIME`), in order."""
-    found = []
-    for output in cell.get("outputs", []):
-        data = output.get("data", {}).get(DATA_MIME) if output.get("output_type") == "display_data" else None
-        if isinstance(data, str):  # a notebook written by a tool that keeps JSON as text
-            try:
-                data = json.loads(data)
-            except ValueError:
-                data = None
-        if isinstance(data, dict) and data.get("status") in _DATA_STATUS:
-            found.append(dict(data))
-    return found
-
-
-def check_cells(notebook: dict[str, Any]) -> list[tuple[int, str, str]]:
-    """``(cell index, check, function)`` for every check cell, tagged or recognised by its call."""
-    found = []
-    for index, cell in enumerate(notebook["cells"]):
-        if cell.get("cell_type") != "code":
-            continue
-        try:
-            call = check_call(parse(source(cell)))
-        except (SyntaxError, ValueError):  # a student's broken cell: not a check cell
-            call = None
-        if call is not None:
-            found.append((index, call[0], call[1] or ""))
-        elif CHECK in tags(cell):
-            found.append((index, "", ""))
-    return found
 
 
 @dataclass
@@ -258,10 +233,11 @@ def _restart_and_replay(
     return True
 
 
-def _execute(notebook: Any, folder: Path, timeout: float, cell_timeout: float | None, skip: set[int]) -> _Run:
-    """Run the code cells in order under the notebook's and each cell's time limits.
+def _execute(notebook: Any, km: Any, timeout: float, cell_timeout: float | None, skip: set[int], describe: Any) -> _Run:
+    """Run the code cells in order in ``km``'s kernel under the notebook's and each cell's time limits.
 
-    ``skip``: the check cells, which a restart does not run again.
+    ``skip``: the grader's cells, which a restart does not run again; ``describe(index)``
+    names a cell in messages. The kernel is shut down on return.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
@@ -273,18 +249,17 @@ def _execute(notebook: Any, folder: Path, timeout: float, cell_timeout: float | 
             timed_out.append(cell_index)
 
     client = NotebookClient(
-        notebook, kernel_name="python3", allow_errors=True, shutdown_kernel="immediate",
-        resources={"metadata": {"path": str(folder)}},
+        notebook, km=km, kernel_name="python3", allow_errors=True, shutdown_kernel="immediate",
         interrupt_on_timeout=True,  # interrupt the cell, as the stop button does, and go on
         error_on_timeout={"ename": _TIMEOUT_ENAME, "evalue": "", "traceback": []},
         on_cell_executed=on_executed, log=_QUIET,
     )  # fmt: skip
     run = _Run()
     client.reset_execution_trackers()
-    env = {**os.environ, DATA_ENV: "1"}
     try:
-        # the kernel process's own log (not the notebook's output) would clutter the table
-        with client.setup_kernel(stderr=subprocess.DEVNULL, env=env):
+        # the kernel process's own log (not the notebook's output) would clutter the table;
+        # the folder and the environment are the manager's
+        with client.setup_kernel(stderr=subprocess.DEVNULL, cleanup_kc=True):
             start = time.monotonic()
             deadline = start + timeout
             for index, cell in enumerate(notebook.cells):
@@ -292,7 +267,7 @@ def _execute(notebook: Any, folder: Path, timeout: float, cell_timeout: float | 
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit before cell {index}")
+                    run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit before {describe(index)}")
                     return run
                 limit = cell_timeout if cell_timeout is not None and cell_timeout < left else None
                 client.timeout = max(1, math.ceil(limit if limit is not None else left))
@@ -300,23 +275,23 @@ def _execute(notebook: Any, folder: Path, timeout: float, cell_timeout: float | 
                 try:
                     client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
                 except DeadKernelError:
-                    run.stopped = ("ERROR", f"the kernel died in cell {index}")
+                    run.stopped = ("ERROR", f"the kernel died in {describe(index)}")
                     return run
                 if index not in timed_out:
                     run.finished.add(index)
                     continue
                 if limit is None:
-                    run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit in cell {index}")
+                    run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit in {describe(index)}")
                     return run
-                run.timed_out[index] = f"ran past the {limit:g} s cell limit in cell {index}"
+                run.timed_out[index] = f"ran past the {limit:g} s cell limit in {describe(index)}"
                 probe = min(_PROBE_SECONDS, deadline - time.monotonic())
                 if probe > 0 and _kernel_answers(client, probe):
                     continue
                 if not _restart_and_replay(client, notebook, run, skip | set(run.timed_out), deadline, timed_out):
                     if time.monotonic() >= deadline:
-                        run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit after cell {index}")
+                        run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit after {describe(index)}")
                     else:
-                        run.stopped = ("ERROR", f"the kernel was restarted after cell {index}, "
+                        run.stopped = ("ERROR", f"the kernel was restarted after {describe(index)}, "
                                                 "and an earlier cell did not run again")  # fmt: skip
                     return run
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot start must not stop the other notebooks
@@ -324,27 +299,34 @@ def _execute(notebook: Any, folder: Path, timeout: float, cell_timeout: float | 
     return run
 
 
-def _status(cell: Any, index: int, check: str, run: _Run, first_error: str | None) -> tuple[str, str, str, float]:
-    """``(status, message, check, fraction)`` of one check cell after the run."""
-    if index in run.timed_out:
-        return "TIMEOUT", run.timed_out[index], check, 0.0
-    if index not in run.finished:
-        assert run.stopped is not None, "every code cell runs unless the run stopped"
-        status, why = run.stopped
-        return status, why if why.endswith(f"cell {index}") else f"not run: {why}", check, 0.0
-    data = [d for d in check_data(cell) if not check or d.get("name") == check]
-    if data:  # the last one: an earlier result shown by the student's own code cannot pose as the check's
-        last = data[-1]
-        fraction = float(last.get("fraction", 1.0 if last["status"] == "passed" else 0.0))
-        return _DATA_STATUS[last["status"]], str(last.get("message", "")), check or str(last.get("name", "")), fraction
-    lines = [m for m in _LINE.finditer(_shown_text(cell)) if not check or m.group(2) == check]
-    if lines:  # no data (a check that only prints): the last line; no case count, so all or nothing
-        status = lines[-1].group(1)
-        return status, lines[-1].group(0).strip(), check or lines[-1].group(2), 1.0 if status == "PASS" else 0.0
-    message = _error(cell) or "the check cell showed no PASS, FAIL or TODO result"
-    if first_error is not None:
-        message += f" (first error in the notebook: {first_error})"
-    return "ERROR", message, check, 0.0
+def _harness_source(folder: Path, check: ReleaseCheck) -> str:
+    """The grader's cell in place of a release check cell: run the function on the cases, save the answers.
+
+    The paths are absolute: a student's ``os.chdir`` does not lose them.
+    """
+    work = str(folder / _WORK / str(check.number))
+    return (
+        f"__import__('vitlab.assignments.harness', fromlist=['answer_cases']).answer_cases("
+        f"{work + '-cases.pt'!r}, {work + '-answers.pt'!r}, lambda: {check.function})"
+    )
+
+
+def _describe(plan_origins: list[tuple[str, int]], release: Release, cells: list[Any], index: int) -> str:
+    """A cell of the run in words: ``the token_count exercise's check`` or ``cell 12 (`def f(x):`)``."""
+    kind, number = plan_origins[index]
+    if kind == "check":
+        check = release.checks[number]
+        return f"the check of {check.function} ({check.check})"
+    first = _first_line(source(cells[number]), 60)
+    return f"cell {number} (`{first}`)" if first else f"cell {number}"
+
+
+@dataclass(frozen=True)
+class _Settings:
+    timeout: float
+    cell_timeout: float | None
+    all_or_nothing: bool
+    sandbox: bool
 
 
 def _score(status: str, worth: float, fraction: float, all_or_nothing: bool) -> float:
@@ -353,90 +335,216 @@ def _score(status: str, worth: float, fraction: float, all_or_nothing: bool) -> 
     return round(worth * (fraction if status in ("PASS", "FAIL", "TODO") else 0.0), 4)
 
 
-def grade_notebook(
-    path: str | Path,
-    timeout: float = 300,
-    *,
-    cell_timeout: float | None = None,
-    all_or_nothing: bool = False,
-    id_pattern: str = DEFAULT_ID_PATTERN,
-) -> NotebookResult:
-    """Execute one notebook (a copy in memory; the file is not changed) and read its checks.
+def _read_answers(path: Path, cases: int) -> Any:
+    """The student's answers a grader's cell saved, or why they cannot be read (a string)."""
+    import torch
 
-    Args:
-        path: the submission.
-        timeout: seconds for the whole notebook.
-        cell_timeout: seconds for one cell (``None``: only the notebook's limit).
-        all_or_nothing: full points for a ``PASS`` and none otherwise, instead of partial credit.
-        id_pattern: how the student id is read from the file name (:func:`student_id`).
-    """
+    from vitlab.assignments.harness import decode
+
+    if not path.is_file():
+        return "the grader's cell saved no answers"
+    size = path.stat().st_size
+    if size > ANSWERS_LIMIT:
+        return f"the answers take {size} bytes, more than the {ANSWERS_LIMIT} the grader reads"
+    try:
+        return decode(torch.load(path, weights_only=True, map_location="cpu"), cases)
+    except Exception as exc:  # noqa: BLE001 - a file the student's code may have written: anything
+        return f"the answers cannot be read: {type(exc).__name__}: {_first_line(str(exc))}"
+
+
+def _verdict(spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any) -> tuple[str, str, float, str]:
+    """``(status, message, fraction, function)`` of one exercise after the run."""
+    from vitlab.checks._core import evaluate
+
+    if index in run.timed_out:
+        return "TIMEOUT", run.timed_out[index], 0.0, ""
+    if index not in run.finished:
+        assert run.stopped is not None, "every code cell runs unless the run stopped"
+        status, why = run.stopped
+        return status, why if why.endswith(describe(index)) else f"not run: {why}", 0.0, ""
+    if isinstance(answers, str):
+        raised = _error(cell)
+        return "ERROR", answers + (f" (the grader's cell raised {raised})" if raised else ""), 0.0, ""
+    result = evaluate(spec, answers)
+    return _DATA_STATUS[result.status], result.message, result.fraction, answers.function
+
+
+def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, Any]) -> None:
+    import torch
+
+    work = folder / _WORK
+    work.mkdir()
+    for check in checks:
+        torch.save(list(specs[check.check].cases), work / f"{check.number}-cases.pt")
+
+
+def _grade_submission(
+    path: Path, data: bytes, student: str, releases: list[Release], settings: _Settings
+) -> NotebookResult:
+    """Grade one submission (its bytes, read before any kernel started) against its release notebook."""
     import nbformat
 
-    result = NotebookResult(str(path), student=student_id(path, id_pattern))
+    from vitlab.assignments.isolation import submission_folder
+
+    result = NotebookResult(str(path), student=student)
     try:
-        notebook = nbformat.read(Path(path), as_version=4)
-    except Exception as exc:  # noqa: BLE001 - not JSON, not a notebook, unreadable
+        notebook = nbformat.reads(data.decode("utf-8"), as_version=4)
+    except Exception as exc:  # noqa: BLE001 - not JSON, not a notebook, not UTF-8
         result.status = "ERROR"
         result.error = f"cannot read the notebook: {type(exc).__name__}: {_first_line(str(exc))}"
         return result
-    for cell in notebook.cells:  # a cell the run does not reach must not show the student's old output
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    checks = check_cells(notebook)
-    check_indices = {index for index, _, _ in checks}
+    release, result.anomalies = match_release(path, notebook, releases)
+    if release is None:
+        names = ", ".join(r.name for r in releases)
+        result.status, result.error = "ERROR", f"matches no notebook of the release ({names}): rename it after one"
+        return result
+    result.release = release.name
+    name = path.name if path.name not in release.files else f"submission-{path.name}"
+    with submission_folder({**release.files, name: data}) as folder:
+        _run_in(folder, path, notebook, release, result, settings)
+    return result
+
+
+def _run_in(
+    folder: Path, path: Path, notebook: Any, release: Release, result: NotebookResult, settings: _Settings
+) -> None:
+    """Run a submission in its folder, then score every exercise of its release notebook into ``result``."""
+    import nbformat
+
+    from vitlab.assignments.isolation import end_processes, isolated_kernel_manager, scrubbed_env
+    from vitlab.checks._core import check_spec
+
+    planned = plan(notebook, release, partial(_harness_source, folder))
+    result.anomalies += planned.anomalies
+    cells = notebook["cells"]
+    specs = {check.check: check_spec(check.check) for check in release.checks}
+    code = [source(cells[n]) for kind, n in planned.origins if kind == "student"]
+    release_code = [
+        source(c) for i, c in enumerate(release.notebook.get("cells", []))
+        if c.get("cell_type") == "code" and i not in {check.cell for check in release.checks}
+    ]  # fmt: skip
+    baseline = vitlab_names(release_code)
+    result.anomalies += [f"uses {name} (from vitlab.checks)" for name in copied_references(code, baseline)]
+    result.anomalies += [f"the code {what}" for what in suspicious(code, release_code)]
+    run_cells = [nbformat.v4.new_code_cell(text) for text in planned.sources]
+    run_notebook = nbformat.v4.new_notebook(cells=run_cells, metadata=release.notebook.get("metadata", {}))
+    describe = partial(_describe, planned.origins, release, cells)
+    skip = {i for i, (kind, _) in enumerate(planned.origins) if kind == "check"}
     start = time.monotonic()
-    run = _execute(notebook, Path(path).resolve().parent, timeout, cell_timeout, check_indices)
+    _write_cases(folder, release.checks, specs)
+    km, isolation = isolated_kernel_manager(folder, scrubbed_env(), sandbox=settings.sandbox)
+    result.sandbox, result.isolation = isolation.sandbox, isolation.note
+    try:
+        run = _execute(run_notebook, km, settings.timeout, settings.cell_timeout, skip, describe)
+    finally:
+        end_processes(km)  # every process the kernel started is gone before anything is read
+    answers = {
+        check.number: _read_answers(folder / _WORK / f"{check.number}-answers.pt", len(specs[check.check].cases))
+        for check in release.checks
+    }  # fmt: skip
     result.seconds = round(time.monotonic() - start, 1)
-    result.timed_out_cells, result.restarts = sorted(run.timed_out), run.restarts
-    problems = {i: f"cell {i}: {_error(notebook.cells[i])}" for i in run.finished if _error(notebook.cells[i])}
-    problems |= {i: f"cell {i}: {why.removesuffix(f' in cell {i}')}" for i, why in run.timed_out.items()}
-    outside = sorted(i for i in problems if i not in check_indices)
-    first_error = problems[outside[0]] if outside else None
-    result.first_error = first_error or ""
+    result.restarts = run.restarts
+    result.timed_out_cells = sorted(planned.origins[i][1] for i in run.timed_out if i not in skip)
+    errors = {i: _error(run_notebook.cells[i]) for i in run.finished}
+    problems = {i: f"{describe(i)}: {error}" for i, error in errors.items() if error}
+    problems |= {i: f"{describe(i)}: {why.removesuffix(f' in {describe(i)}')}" for i, why in run.timed_out.items()}
+    outside = sorted(i for i in problems if i not in skip)
+    result.first_error = problems[outside[0]] if outside else ""
     if run.stopped is not None:
         result.status, result.error = run.stopped
     elif run.timed_out:
         result.status, result.error = "TIMEOUT", run.timed_out[min(run.timed_out)]
-    elif first_error is not None:
-        result.status, result.error = "ERROR", first_error
-    for index, check, function in checks:
-        status, message, check, fraction = _status(notebook.cells[index], index, check, run, first_error)
-        try:
-            worth = points(notebook.cells[index])
-        except AssignmentError:
-            worth = DEFAULT_POINTS
-        score = _score(status, worth, fraction, all_or_nothing)
-        row = ExerciseResult(str(path), check, function, status, message, index, worth, fraction, score, result.student)
-        result.exercises.append(row)
+    elif result.first_error:
+        result.status, result.error = "ERROR", result.first_error
+    where = {number: i for i, (kind, number) in enumerate(planned.origins) if kind == "check"}
+    for check in release.checks:
+        spec = specs[check.check]
+        found = answers[check.number]
+        index = where[check.number]
+        status, message, fraction, function = _verdict(spec, found, run, index, run_notebook.cells[index], describe)
+        flags = copied_references(code, baseline, reference_objects(spec.reference))
+        if function.startswith("vitlab."):
+            flags.append(f"the answer is vitlab's own {function}")
+        score = _score(status, check.points, fraction, settings.all_or_nothing)
+        result.exercises.append(
+            ExerciseResult(str(path), check.check, check.function, status, message, check.points, fraction, score,
+                           result.student, "; ".join(dict.fromkeys(flags)))
+        )  # fmt: skip
+
+
+def grade_notebook(
+    path: str | Path, release: Iterable[str | Path], timeout: float = 300, **settings: Any
+) -> NotebookResult:
+    """Grade one submission against the release: :func:`grade` for one path (same keyword arguments)."""
+    (result,) = grade([path], release, timeout, **settings)
     return result
+
+
+def _student_ids(paths: list[Path], root: Path | None, id_source: str, pattern: str | None) -> dict[Path, str]:
+    from vitlab.assignments.ids import student_ids
+
+    return student_ids(paths, root=root, source=id_source, pattern=pattern)
 
 
 def grade(
     paths: Iterable[str | Path],
+    release: Iterable[str | Path],
     timeout: float = 300,
     jobs: int = 1,
     *,
     cell_timeout: float | None = None,
     all_or_nothing: bool = False,
-    id_pattern: str = DEFAULT_ID_PATTERN,
+    id_source: str = "auto",
+    id_pattern: str | None = None,
+    root: str | Path | None = None,
+    sandbox: bool = True,
 ) -> Iterator[NotebookResult]:
-    """Grade notebooks one after the other (or ``jobs`` at a time); yield the results in order.
+    """Grade submissions against the release, one after the other (or ``jobs`` at a time).
 
-    The keyword arguments are :func:`grade_notebook`'s.
+    Every submission is read into memory before the first kernel starts (a kernel cannot
+    change a classmate's file before it is graded). Results come in the order of ``paths``.
+
+    Args:
+        paths: the submitted notebooks.
+        release: the release notebooks (the student copies), files or folders.
+        timeout: seconds for a whole notebook.
+        jobs: notebooks run at the same time.
+        cell_timeout: seconds for one cell (``None``: only the notebook's limit).
+        all_or_nothing: full points for a ``PASS`` and none otherwise, instead of partial credit.
+        id_source, id_pattern, root: how the student ids are found
+            (:func:`vitlab.assignments.ids.student_ids`).
+        sandbox: ``False`` runs the kernels without an OS sandbox (folder, environment and
+            processes are still isolated).
+
+    Raises:
+        AssignmentError: the release cannot be read.
+        vitlab.assignments.ids.StudentIdError: two submissions get the same student id.
     """
-    paths = list(paths)
-    one = partial(
-        grade_notebook, timeout=timeout, cell_timeout=cell_timeout, all_or_nothing=all_or_nothing,
-        id_pattern=id_pattern,
-    )  # fmt: skip
-    if jobs <= 1 or len(paths) <= 1:
-        for path in paths:
-            yield one(path)
+    paths = [Path(p) for p in paths]
+    releases = read_release(release)
+    ids = _student_ids(paths, Path(root) if root is not None else None, id_source, id_pattern)
+    submissions: list[tuple[Path, bytes | str]] = []
+    for path in paths:
+        try:
+            submissions.append((path, path.read_bytes()))
+        except OSError as exc:
+            submissions.append((path, f"cannot read the notebook: {type(exc).__name__}: {exc.strerror}"))
+    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox)
+
+    def one(item: tuple[Path, bytes | str]) -> NotebookResult:
+        path, data = item
+        if isinstance(data, str):
+            return NotebookResult(str(path), status="ERROR", error=data, student=ids[path])
+        return _grade_submission(path, data, ids[path], releases, settings)
+
+    if jobs <= 1 or len(submissions) <= 1:
+        for item in submissions:
+            yield one(item)
         return
     # Threads are enough: each notebook runs in its own kernel process, and nbclient gives
     # every thread its own event loop; the threads only wait on the kernels.
     with ThreadPoolExecutor(jobs) as pool:
-        yield from pool.map(one, paths)
+        yield from pool.map(one, submissions)
 
 
 def _number(x: float) -> str:
@@ -459,16 +567,17 @@ def write_csv(results: list[NotebookResult], path: str | Path) -> None:
 def gradebook(results: list[NotebookResult]) -> tuple[list[str], list[tuple[str, dict[str, float]]]]:
     """``(exercise columns, [(student id, {column: score})])``: one row per student, ids sorted.
 
-    A student's notebooks are merged into one row. Columns are the check names in the
-    order they first appear; a check a student's notebooks run twice gets a second column
-    ``name (2)``. ``total`` is the sum of a row's scores.
+    A student's notebooks (of different release notebooks: ids never collide,
+    :func:`vitlab.assignments.ids.student_ids`) share one row. Columns are the check names
+    in the order they first appear; a check that two release notebooks both assign gets a
+    second column ``name (2)``. ``total`` is the sum of a row's scores.
     """
     columns: list[str] = []
     students: dict[str, dict[str, float]] = {}
     for result in results:
         row = students.setdefault(result.student, {})
         for exercise in result.exercises:
-            name = exercise.exercise or f"cell {exercise.cell}"
+            name = exercise.exercise
             column, n = name, 1
             while column in row:
                 n += 1
@@ -479,8 +588,18 @@ def gradebook(results: list[NotebookResult]) -> tuple[list[str], list[tuple[str,
     return columns, sorted(students.items())
 
 
+def _anomalies(result: NotebookResult) -> list[str]:
+    """What the report says about a notebook besides its scores: anomalies, flags, missing isolation."""
+    notes = list(result.anomalies) + [f"copied reference, {flag}" for flag in result.flags]
+    return notes + ([result.isolation] if result.isolation else [])
+
+
 def write_gradebook(results: list[NotebookResult], path: str | Path, id_column: str = "student_id") -> None:
-    """The gradebook CSV: column ``id_column``, one column per exercise, then ``total``.
+    """The gradebook CSV: column ``id_column``, one column per exercise, ``total``, then ``anomalies``.
+
+    ``anomalies`` lists, joined by `` | ``, what differs from the release (edited or extra
+    check cells, changed points...), the copied references flagged and a run without file
+    isolation; none of them changes a score.
 
     The layout LMS imports take (an id column, then score columns): name ``id_column``
     after the field your LMS matches students by (Canvas: ``SIS User ID``, Moodle: the
@@ -488,19 +607,22 @@ def write_gradebook(results: list[NotebookResult], path: str | Path, id_column: 
     An exercise a student did not hand in is empty.
     """
     columns, rows = gradebook(results)
+    notes: dict[str, list[str]] = {}
+    for result in results:
+        notes.setdefault(result.student, []).extend(_anomalies(result))
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow([id_column, *columns, "total"])
+        writer.writerow([id_column, *columns, "total", "anomalies"])
         for student, scores in rows:
             cells = [_number(scores[c]) if c in scores else "" for c in columns]
-            writer.writerow([student, *cells, _number(sum(scores.values()))])
+            writer.writerow([student, *cells, _number(sum(scores.values())), " | ".join(notes[student])])
 
 
 def write_json(results: list[NotebookResult], path: str | Path, timeout: float, **settings: Any) -> None:
     """Every notebook with its status, errors, run time, score and exercises; ``settings`` are recorded too."""
     notebooks = [
         {**asdict(r), "passed": r.passed, "total": r.total, "score": r.score, "max_score": r.max_score,
-         "exercises": [asdict(e) for e in r.rows()]}
+         "flags": r.flags, "exercises": [asdict(e) for e in r.rows()]}
         for r in results
     ]  # fmt: skip
     document = {"timeout": timeout, **settings, "notebooks": notebooks}
@@ -533,6 +655,9 @@ def feedback_markdown(result: NotebookResult) -> str:
         lines += [f"The notebook: {result.status}: {result.error}", ""]
     if result.first_error and result.first_error != result.error:
         lines += [f"First error outside the checks: {result.first_error}", ""]
+    if _anomalies(result):
+        lines += ["Noted for your instructor (no effect on the score):", ""]
+        lines += [f"- {note}" for note in _anomalies(result)] + [""]
     lines += ["| Exercise | Your function | Status | Cases | Points |", "|---|---|---|---|---|"]
     for row in result.rows():
         function = f"`{row.function}`" if row.function else "-"
@@ -569,6 +694,9 @@ def feedback_html(result: NotebookResult) -> str:
         parts.append(f"<p>The notebook: {e(result.status)}: {e(result.error)}</p>")
     if result.first_error and result.first_error != result.error:
         parts.append(f"<p>First error outside the checks: {e(result.first_error)}</p>")
+    if _anomalies(result):
+        parts.append("<p>Noted for your instructor (no effect on the score):</p><ul>")
+        parts += [f"<li>{e(note)}</li>" for note in _anomalies(result)] + ["</ul>"]
     parts.append("<table><tr><th>Exercise</th><th>Your function</th><th>Status</th><th>Cases</th><th>Points</th></tr>")
     for row in result.rows():
         parts.append(
@@ -605,7 +733,7 @@ def summary(result: NotebookResult, width: int = 100) -> str:
             f"{_number(result.score)}/{_number(result.max_score)} points ({result.seconds:.1f} s)")  # fmt: skip
     if result.error:
         head += f", {result.status}: {result.error}"
-    lines = [head]
+    lines = [head] + [f"  anomaly: {note}" for note in _anomalies(result)]
     for row in result.rows():
         message = "" if row.status == "PASS" else row.message
         if row.exercise:  # "FAIL name [case 1/9: label]: what" -> "case 1/9: what"

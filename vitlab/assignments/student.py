@@ -7,6 +7,9 @@ key); markdown attachments that the cell's text uses. Dropped: cells tagged ``so
 or ``answer``, all outputs and execution counts, every other cell metadata
 (``execution``, ``collapsed``, ``scrolled``, ``jupyter``, display tags such as
 ``hide-input``) and all notebook metadata except ``kernelspec`` and ``language_info``.
+:func:`make_student` stamps each copy with its name in the release
+(``metadata.vitlab.release``, e.g. ``"09_pit"``), which the grader uses to match a
+submission whose file name does not say which notebook it is.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from vitlab.assignments.exercises import (
     source,
     tags,
 )
+from vitlab.assignments.release import STAMP
 
 KEEP_TAGS = (EXERCISE, CHECK, "raises-exception")
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
@@ -121,7 +125,9 @@ def make_student(sources: list[str | Path], out: str | Path) -> list[StudentCopy
             problems.append(f"{path}: same target {target} as {targets[target.resolve()]}")
         targets[target.resolve()] = path
         try:
-            plans.append((path, target, instructor, student_notebook(instructor)))
+            student = student_notebook(instructor)
+            student["metadata"]["vitlab"] = {STAMP: relative.with_suffix("").as_posix()}
+            plans.append((path, target, instructor, student))
         except AssignmentError as exc:
             problems.extend(f"{path}: {line}" for line in str(exc).splitlines())
     if problems:

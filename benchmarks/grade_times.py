@@ -1,0 +1,104 @@
+"""Grading time per notebook: the release-based, isolated grader against a plain run of the notebook.
+
+    .venv/bin/python benchmarks/grade_times.py [notebooks/09_pit.ipynb ...] [--repeats 3]
+
+For each chapter: its student copy (``make_student``) is the release, and the submission is
+that copy with every exercise's solution pasted back into its stub (a student who solved
+everything). Two timings, each the median of ``--repeats`` runs, one after the other:
+
+* **plain run**: the submission executed once by nbclient in a fresh kernel, its checks
+  printing their lines in the notebook (what grading cost before it was run against the
+  release: a kernel, the cells, the checks);
+* **graded**: ``vitlab.assignments.grade`` on the submission against the release: all of
+  the above, plus the submission's folder, the sandbox, the cases written and the answers
+  read back, the references computed in the grader, every process ended (with the sandbox,
+  and with ``--no-sandbox``).
+
+Wall-clock seconds, kernel start-up included in both. No test asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def solved_copy(instructor: Path, release: Path, target: Path) -> Path:
+    """The student copy with each exercise's stub replaced by the instructor's solution."""
+    import nbformat
+
+    from vitlab.assignments import inspect_notebook
+
+    original = nbformat.read(instructor, as_version=4)
+    solutions = [original.cells[e.solution_cell].source for e in inspect_notebook(original).exercises]
+    copy = nbformat.read(release, as_version=4)
+    stubs = [cell for cell in copy.cells if "exercise" in cell.metadata.get("tags", [])]
+    if len(stubs) != len(solutions):
+        raise ValueError(f"{instructor.name}: {len(stubs)} stubs in the copy, {len(solutions)} solutions")
+    for stub, solution in zip(stubs, solutions, strict=True):
+        stub.source = solution
+    nbformat.write(copy, target)
+    return target
+
+
+def plain_run(path: Path) -> float:
+    """Seconds to execute the notebook once in a fresh kernel (nbclient), kernel start-up included."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    client = NotebookClient(notebook, kernel_name="python3", allow_errors=True, timeout=600)
+    client.resources = {"metadata": {"path": str(path.parent)}}
+    client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log
+    return time.perf_counter() - start
+
+
+def graded(path: Path, release: Path, sandbox: bool) -> tuple[float, str, float]:
+    """``(seconds, sandbox used, score)`` of grading the submission against the release."""
+    from vitlab.assignments import grade
+
+    start = time.perf_counter()
+    (result,) = grade([path], [release], timeout=600, sandbox=sandbox)
+    seconds = time.perf_counter() - start
+    if result.passed != result.total:
+        raise RuntimeError(f"{path.name}: the solved copy did not pass: {[e.message for e in result.exercises]}")
+    return seconds, result.sandbox, result.score
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", default=[str(ROOT / "notebooks" / "09_pit.ipynb")])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    from vitlab.assignments import make_student
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    print(f"python {sys.version.split()[0]}, commit {commit.stdout.strip() or '?'}, median of {args.repeats}")
+    print("| notebook | plain run (s) | graded, sandbox (s) | ratio | graded, --no-sandbox (s) | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in args.notebooks:
+        instructor = Path(name).resolve()
+        with tempfile.TemporaryDirectory() as folder:
+            (copy,) = make_student([instructor], Path(folder) / "release")
+            submission = solved_copy(instructor, copy.target, Path(folder) / f"s1_{instructor.name}")
+            plain, sandboxed, unsandboxed, used = [], [], [], ""
+            for _ in range(args.repeats):
+                plain.append(plain_run(submission))
+                seconds, used, _ = graded(submission, copy.target, sandbox=True)
+                sandboxed.append(seconds)
+                unsandboxed.append(graded(submission, copy.target, sandbox=False)[0])
+        p, s, u = (statistics.median(x) for x in (plain, sandboxed, unsandboxed))
+        print(f"| {instructor.name} | {p:.1f} | {s:.1f} ({used}) | {s / p:.2f} | {u:.1f} | {u / p:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

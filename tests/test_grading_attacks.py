@@ -1,0 +1,431 @@
+"""Submissions that try to get a grade without the work: each scores its honest work and is reported.
+
+A tiny release (two exercises: ``token_count``, 1 point, checked by ``t2t_token_count``;
+``attention``, 2 points, checked by ``scaled_dot_product_attention``). Every attack
+notebook answers ``token_count`` honestly and leaves ``attention`` a stub, so its honest
+work is worth 1 point; then it attacks, one kind per notebook (the kinds of issue 19):
+
+1. replace the check, its comparison, or the whole ``vitlab.checks`` module;
+2. print a PASS line, or show the checks' data from a ``post_run_cell`` hook;
+3. walk up the stack to the reference's answer;
+4. edit points, add or duplicate check cells, delete or re-point one;
+5. run another chapter's check;
+6. submit vitlab's own function (keeps its score, flagged);
+7. read a classmate's notebook or the instructor's solutions, overwrite a classmate's
+   file, start a detached process that outlives the kernel;
+8. read the grader's environment.
+
+All of them are graded in one ``grade`` run (kernels are the slow part: a few seconds each).
+The in-place and float probes at the end need no kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+import torch
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+import vitlab.checks
+from vitlab.assignments import make_student
+from vitlab.assignments.__main__ import main
+
+TOKEN, ATTENTION = "t2t_token_count", "scaled_dot_product_attention"
+SECRET = "VITLAB_TEST_GRADER_SECRET"  # set in the grader's environment; no kernel may see it
+TOKEN_STUB = "def token_count(size, kernel, stride, padding):\n    raise NotImplementedError"
+TOKEN_RIGHT = "def token_count(size, kernel, stride, padding):\n    return (size + 2 * padding - kernel) // stride + 1"
+ATTENTION_STUB = "def attention(q, k, v, mask=None):\n    raise NotImplementedError"
+ATTENTION_RIGHT = """def attention(q, k, v, mask=None):
+    logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits.softmax(dim=-1) @ v"""
+PASS_LINE = "PASS scaled_dot_product_attention: all 5 cases match the reference"
+
+
+def release_notebook() -> nbformat.NotebookNode:
+    cells = [
+        new_code_cell("import torch\n\nimport vitlab.checks"),
+        new_markdown_cell("## Exercises\n\nImplement `token_count`."),
+        new_code_cell(TOKEN_STUB, metadata={"tags": ["exercise"]}),
+        new_code_cell(TOKEN_RIGHT, metadata={"tags": ["solution"]}),
+        new_code_cell(f"vitlab.checks.{TOKEN}(token_count);", metadata={"tags": ["check"]}),
+        new_markdown_cell("Implement `attention`."),
+        new_code_cell(ATTENTION_STUB, metadata={"tags": ["exercise"]}),
+        new_code_cell(ATTENTION_RIGHT, metadata={"tags": ["solution"]}),
+        new_code_cell(f"vitlab.checks.{ATTENTION}(attention);", metadata={"tags": ["check"], "vitlab": {"points": 2}}),
+    ]
+    notebook = new_notebook(cells=cells)
+    notebook.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    return notebook
+
+
+def honest(release: Path) -> nbformat.NotebookNode:
+    """The student copy with ``token_count`` answered and ``attention`` left a stub: 1 point of work."""
+    notebook = nbformat.read(release, as_version=4)
+    stub = next(c for c in notebook.cells if c.source == TOKEN_STUB)
+    stub.source = TOKEN_RIGHT
+    return notebook
+
+
+def cell_of(notebook: nbformat.NotebookNode, text: str) -> int:
+    return next(i for i, c in enumerate(notebook.cells) if text in c.source)
+
+
+def fill(text: str, paths: dict[str, Path]) -> str:
+    """``text`` with ``{name}`` replaced by the path ``paths[name]``."""
+    for name, path in paths.items():
+        text = text.replace("{" + name + "}", str(path))
+    return text
+
+
+def append(*sources: str) -> Any:
+    def change(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+        notebook.cells += [new_code_cell(fill(text, paths)) for text in sources]
+
+    return change
+
+
+def replace_stub(text: str) -> Any:
+    def change(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+        notebook.cells[cell_of(notebook, ATTENTION_STUB)].source = fill(text, paths)
+
+    return change
+
+
+def edit_points(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+    notebook.cells[cell_of(notebook, f"checks.{TOKEN}(")].metadata["vitlab"] = {"points": 100}
+
+
+def add_and_duplicate_checks(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+    passing = notebook.cells[cell_of(notebook, f"checks.{TOKEN}(")]
+    notebook.cells.append(nbformat.from_dict({**passing, "id": "copy-of-the-passing-check"}))
+    notebook.cells.append(new_code_cell(f"vitlab.checks.{TOKEN}(token_count);", metadata={"tags": ["check"]}))
+    notebook.cells.append(new_code_cell("print('extra')", metadata={"tags": ["check"], "vitlab": {"points": 50}}))
+
+
+def delete_failing_check(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+    del notebook.cells[cell_of(notebook, f"checks.{ATTENTION}(")]
+
+
+def repoint_check(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+    cell = notebook.cells[cell_of(notebook, f"checks.{ATTENTION}(")]
+    cell.source = f"import vitlab.checks.attention\n\nvitlab.checks.{ATTENTION}(vitlab.checks.attention._reference);"
+
+
+FAKE_RESULT = (
+    "{'text/plain': '" + PASS_LINE + "', 'application/vnd.vitlab.check+json': {'version': 1, 'name': '" + ATTENTION
+    + "', 'status': 'passed', 'message': '" + PASS_LINE + "', 'cases_passed': 5, 'cases_total': 5, 'fraction': 1.0}}"
+)  # fmt: skip
+STACK_WALK = """def attention(q, k, v, mask=None):
+    import inspect
+
+    frame = inspect.currentframe().f_back
+    while frame is not None:  # any tensor shaped like the answer in a frame above: the reference's?
+        for value in frame.f_locals.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, type(q)) and item.shape == v.shape and not any(item is t for t in (q, k, v)):
+                    return item
+        frame = frame.f_back
+    raise NotImplementedError"""
+READ_OTHERS = """import json
+
+def attention(q, k, v, mask=None):
+    raise NotImplementedError
+
+for path in ("{classmate}", "{instructor}"):  # a classmate's submission, the instructor's solutions
+    try:
+        cells = json.load(open(path))["cells"]
+    except OSError:
+        continue
+    for cell in cells:
+        text = "".join(cell["source"])
+        if text.startswith("def attention") and "NotImplementedError" not in text:
+            exec(text)"""
+OVERWRITE = """import json
+
+try:
+    with open("{classmate}", "w") as f:  # the classmate's file, before it is graded
+        f.write("overwritten")
+except OSError:
+    pass"""
+DETACHED = """import subprocess, sys
+
+code = "import time; time.sleep(4); open('{marker}', 'w').write('written after grading')"
+subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"""
+ENVIRONMENT = (
+    "import os\n\n" + ATTENTION_RIGHT.replace("def attention(q, k, v, mask=None):",
+    f"def attention(q, k, v, mask=None):\n    if not os.environ.get({SECRET!r}):\n        raise NotImplementedError")
+)  # fmt: skip
+COPIED = """from vitlab.layers.attention import explicit_attention
+
+def attention(q, k, v, mask=None):
+    return explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask)[0]"""
+
+
+def combine(*changes: Any) -> Any:
+    def change(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
+        for one in changes:
+            one(notebook, paths)
+
+    return change
+
+
+REPLACE_CHECK = f"import vitlab.checks\n\nvitlab.checks.{ATTENTION} = lambda fn: print({PASS_LINE!r})"
+REPLACE_COMPARISON = (
+    "import vitlab.checks._core as core\n\ncore.problem = lambda *args, **kwargs: None\n"
+    "core.evaluate = lambda spec, answers: None"
+)
+FAKE_MODULE = (
+    "import sys, types\n\nfake = types.ModuleType('vitlab.checks')\n"
+    f"fake.{ATTENTION} = lambda fn: print({PASS_LINE!r})\nsys.modules['vitlab.checks'] = fake\n"
+    "sys.modules['vitlab.assignments.harness'] = fake"
+)
+HOOK = (
+    "from IPython.display import display\n\n"
+    f"get_ipython().events.register('post_run_cell', lambda result: display({FAKE_RESULT}, raw=True))"
+)
+
+# name: (change to the honest notebook, words every one of which the report must contain)
+ATTACKS: dict[str, tuple[Any, list[str]]] = {
+    "1_replace_the_checks": (
+        append(REPLACE_CHECK, REPLACE_COMPARISON, FAKE_MODULE),
+        [
+            f"replaces vitlab.checks.{ATTENTION}",
+            "replaces vitlab.checks._core.problem",
+            "uses vitlab.checks._core.problem",
+            "changes or reads sys.modules",
+        ],
+    ),  # fmt: skip
+    "2_show_a_pass": (
+        append(f"print({PASS_LINE!r})", HOOK),
+        ["writes a check's result line", "registers an IPython event hook", "shows data of the checks' MIME type"],
+    ),
+    "3_stack_walk": (replace_stub(STACK_WALK), ["walks the call stack"]),
+    "4_edit_add_duplicate_repoint": (
+        combine(edit_points, add_and_duplicate_checks, repoint_check),
+        [
+            f"{TOKEN}: the check cell's metadata changed (points 100 instead of 1)",
+            f"{TOKEN}: the check cell is duplicated",
+            "extra check cell",
+            f"{ATTENTION}: the check cell was edited",
+        ],
+    ),  # fmt: skip
+    "4_delete_failing": (delete_failing_check, [f"{ATTENTION}: the check cell was deleted"]),
+    "5_other_chapter": (
+        append("vitlab.checks.patchify(lambda images, p: images)", "vitlab.checks.split_heads(lambda x, h: x)"),
+        ["extra check cell", "calls vitlab.checks.patchify", "calls vitlab.checks.split_heads"],
+    ),
+    "7_at_grading_time": (
+        append(READ_OTHERS, OVERWRITE, DETACHED),
+        ["names a path outside its folder", "starts processes (subprocess)"],
+    ),
+    "8_environment": (replace_stub(ENVIRONMENT), ["reads the environment"]),
+}
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("attacks")
+    instructor = root / "instructor" / "ch.ipynb"
+    instructor.parent.mkdir()
+    nbformat.write(release_notebook(), instructor)
+    (copy,) = make_student([instructor], root / "release")
+    subs = root / "subs"
+    subs.mkdir()
+    paths = {
+        "classmate": subs / "classmate_ch.ipynb", "instructor": instructor,
+        "marker": root / "detached-marker.txt", "gradebook": root / "gradebook.csv",
+    }  # fmt: skip
+    full = honest(copy.target)
+    full.cells[cell_of(full, ATTENTION_STUB)].source = ATTENTION_RIGHT
+    nbformat.write(full, paths["classmate"])
+    copied = honest(copy.target)
+    copied.cells[cell_of(copied, ATTENTION_STUB)].source = COPIED
+    nbformat.write(copied, subs / "6_copied_ch.ipynb")
+    private = honest(copy.target)
+    steal = "from vitlab.checks.attention import _reference as attention"
+    private.cells[cell_of(private, ATTENTION_STUB)].source = steal
+    nbformat.write(private, subs / "6_private_reference_ch.ipynb")
+    nbformat.write(honest(copy.target), subs / "honest_ch.ipynb")
+    for name, (change, _) in ATTACKS.items():
+        notebook = honest(copy.target)
+        change(notebook, paths)
+        nbformat.write(notebook, subs / f"{name}_ch.ipynb")
+    os.environ[SECRET] = "hunter2"
+    out = root / "results.json"
+    argv = ["grade", str(subs), "--release", str(root / "release"), "--out", str(root / "r.csv"), "--json", str(out)]
+    argv += ["--gradebook", str(paths["gradebook"]), "--feedback", str(root / "feedback"), "--timeout", "60"]
+    stdout = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout):
+            assert main([*argv, "--jobs", "2", "--id-source", "file"]) == 0
+    finally:
+        del os.environ[SECRET]
+    time.sleep(5)  # the detached process would have written its marker by now
+    results = {Path(n["notebook"]).name.removesuffix("_ch.ipynb"): n for n in json.loads(out.read_text())["notebooks"]}
+    with open(paths["gradebook"], newline="", encoding="utf-8") as handle:
+        gradebook = {row["student_id"]: row for row in csv.DictReader(handle)}
+    return {"results": results, "paths": paths, "gradebook": gradebook, "feedback": root / "feedback"}
+
+
+def report(result: dict[str, Any]) -> str:
+    return " | ".join([*result["anomalies"], *result["flags"]])
+
+
+@pytest.mark.slow
+def test_the_honest_notebooks_score_their_work_with_nothing_to_report(attacked: dict[str, Any]) -> None:
+    results = attacked["results"]
+    assert (results["honest"]["score"], results["honest"]["max_score"]) == (1, 3)
+    assert results["classmate"]["score"] == 3  # graded from what was read before any kernel ran
+    for name in ("honest", "classmate"):
+        assert results[name]["anomalies"] == [] and results[name]["flags"] == [], report(results[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_an_attack_scores_its_honest_work_and_is_reported(attacked: dict[str, Any], name: str) -> None:
+    result = attacked["results"][name]
+    if name.startswith("7_") and result["sandbox"] == "none":  # no OS sandbox on this machine
+        assert "file isolation unavailable" in result["isolation"]
+    else:
+        assert result["score"] == 1, (result["exercises"], report(result))
+    assert result["max_score"] == 3  # the release's points, whatever the notebook says
+    assert [e["exercise"] for e in result["exercises"]] == [TOKEN, ATTENTION]  # the release's exercises only
+    for words in ATTACKS[name][1]:
+        assert words in report(result), report(result)
+    row = attacked["gradebook"][f"{name}_ch"]  # the id: the file name
+    assert row["total"] == "1" or name.startswith("7_") and result["sandbox"] == "none"
+    assert ATTACKS[name][1][0] in row["anomalies"]
+
+
+@pytest.mark.slow
+def test_a_copied_reference_keeps_its_score_and_is_flagged_by_name(attacked: dict[str, Any]) -> None:
+    copied = attacked["results"]["6_copied"]
+    assert copied["score"] == 3
+    assert copied["flags"] == [f"{ATTENTION}: vitlab.layers.attention.explicit_attention"]
+    private = attacked["results"]["6_private_reference"]
+    assert private["score"] == 3
+    assert "the answer is vitlab's own vitlab.checks.attention._reference" in private["flags"][0]
+    assert "uses vitlab.checks.attention._reference (from vitlab.checks)" in private["anomalies"]
+    feedback = (attacked["feedback"] / "6_copied_ch.md").read_text(encoding="utf-8")
+    assert "vitlab.layers.attention.explicit_attention" in feedback
+
+
+@pytest.mark.slow
+def test_nothing_outlives_the_grading_and_no_file_outside_the_folder_changes(attacked: dict[str, Any]) -> None:
+    paths = attacked["paths"]
+    assert not paths["marker"].exists(), "a process the kernel started ran after grading"
+    if attacked["results"]["7_at_grading_time"]["sandbox"] != "none":
+        assert paths["classmate"].read_text(encoding="utf-8").startswith("{")  # the sandbox cannot write there
+
+
+@pytest.mark.slow
+def test_the_report_says_which_isolation_each_run_got(attacked: dict[str, Any]) -> None:
+    for result in attacked["results"].values():
+        assert result["sandbox"] in ("bubblewrap", "unshare", "none")
+        assert (result["sandbox"] == "none") == result["isolation"].startswith("file isolation unavailable")
+
+
+# ---------------------------------------------------------------- answers that slipped through (no kernel)
+
+
+def block_adds_in_place(x: torch.Tensor, block: Any) -> torch.Tensor:
+    x += block.attn(block.norm1(x))
+    return x + block.mlp(block.norm2(x))
+
+
+def attention_softmax_in_place(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+    scores /= scores.sum(-1, keepdim=True)
+    return scores @ v
+
+
+def class_token_into_x(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor, h: int) -> torch.Tensor:
+    from einops import rearrange
+    from torch.nn import functional as F
+
+    q = rearrange(F.linear(x[:, :1], wq), "B n (h d) -> B h n d", h=h)
+    k = rearrange(F.linear(x, wk), "B n (h d) -> B h n d", h=h)
+    v = rearrange(F.linear(x, wv), "B n (h d) -> B h n d", h=h)
+    out = ((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5).softmax(-1) @ v
+    x[:, :1] = rearrange(out, "B h n d -> B n (h d)")  # the new class token written into the input
+    return x[:, :1]
+
+
+def naive_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None) -> torch.Tensor:
+    logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    e = logits.exp()
+    return e / e.sum(-1, keepdim=True) @ v
+
+
+@pytest.mark.parametrize(
+    ("check", "fn", "words"),
+    [
+        ("encoder_block", block_adds_in_place, "changed its input `x` in place"),
+        (ATTENTION, attention_softmax_in_place, "with gradients]: the backward pass raised RuntimeError"),
+        ("class_attention", class_token_into_x, "changed its input `x` in place"),
+        (ATTENTION, naive_softmax_attention, "large logits"),
+    ],
+)
+def test_answers_that_change_inputs_in_place_or_overflow_fail(
+    capsys: pytest.CaptureFixture[str], check: str, fn: Any, words: str
+) -> None:
+    result = getattr(vitlab.checks, check)(fn)
+    line = capsys.readouterr().out.strip()
+    assert not result and result.status == "failed" and words in line, line
+
+
+def test_the_in_notebook_check_never_has_the_reference_on_the_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    namespace: dict[str, Any] = {}
+    exec(STACK_WALK, namespace)  # noqa: S102 - the attack's own function, defined here
+    result = vitlab.checks.scaled_dot_product_attention(namespace["attention"])
+    assert result.status == "not implemented", capsys.readouterr().out
+
+
+def test_an_answer_that_changes_its_inputs_fails_in_the_kernel_harness_too() -> None:
+    """The grader's side: the harness's answers carry the inputs a function changed."""
+    from vitlab.assignments.harness import decode, encode
+    from vitlab.checks._core import check_spec, collect_answers, evaluate
+
+    spec = check_spec("encoder_block")
+    answers = decode(encode(collect_answers(block_adds_in_place, spec.cases)), len(spec.cases))
+    result = evaluate(spec, answers)
+    assert result.status == "failed" and "changed its input `x` in place" in result.message
+    assert result.cases_passed == 0
+
+
+def test_warmup_cosine_in_float32_passes() -> None:
+    def float32_schedule(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+        s = torch.tensor(float(step))
+        if step < warmup_steps:
+            return float((s + 1) / warmup_steps)
+        progress = torch.clamp((s - warmup_steps) / max(total_steps - warmup_steps, 1), max=1.0)
+        return float(min_ratio + (1 - min_ratio) * 0.5 * (1 + torch.cos(torch.pi * progress)))
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert vitlab.checks.warmup_cosine(float32_schedule)
+
+
+def test_a_failing_number_shows_enough_digits_to_differ() -> None:
+    from vitlab.checks._core import Expect, problem
+
+    message = problem(0.00030458, 0.00030459, Expect(kind="number", rtol=1e-9, atol=0))
+    assert message == "expected 0.00030459, got 0.00030458"
+    tensor = problem(torch.tensor([1.0, 2.000001]), torch.tensor([1.0, 2.0]), Expect(rtol=0, atol=1e-9))
+    assert tensor is not None and "(expected 2, got 2.000001)" in tensor

@@ -1,0 +1,118 @@
+"""The grader's side of a check inside a student's kernel: run the answer, return it as data.
+
+The grader (:mod:`vitlab.assignments.grade`) puts a cell where the release has a check
+cell. It calls :func:`answer_cases` with the path of the cases (written by the grader),
+the path for the answers, and the student's function. The student's function runs on
+every case (:func:`vitlab.checks._core.collect_answers`) and what it returned is saved
+with :func:`torch.save` as plain data: tensors, numbers, strings and ``None`` in dicts
+and lists, which the grader reads back with ``torch.load(weights_only=True)``. Whether
+the answers are right is decided in the grader's process, never here: the references are
+never computed in the student's kernel.
+
+Everything in this module runs with the student's code in the same process, so nothing
+here is trusted: what it returns is the student's answer, no more.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vitlab.checks._core import Answer, Answers, Unsupported, collect_answers
+
+VERSION = 1  # the layout of an answers file
+
+
+def encode_value(value: Any) -> tuple[Any, str]:
+    """``(data, type name)``: a tensor or a number as plain data, anything else as ``None`` and its type's name."""
+    name = type(value).__name__
+    if isinstance(value, Tensor):
+        return value.detach().cpu().clone().as_subclass(Tensor), "Tensor"
+    if value is None or isinstance(value, (bool, str)):
+        return value, name
+    if isinstance(value, numbers.Integral):
+        return int(value), name
+    if isinstance(value, numbers.Real):
+        return float(value), name
+    return None, name
+
+
+def encode(answers: Answers) -> dict[str, Any]:
+    """An :class:`Answers` as plain data (see the module docstring)."""
+    cases = []
+    for found in answers.cases:
+        data, type_name = encode_value(found.value)
+        cases.append({
+            "value": data, "type": type_name, "error": found.error, "where": found.where,
+            "not_implemented": found.not_implemented, "changed": list(found.changed),
+        })  # fmt: skip
+    return {
+        "version": VERSION, "cases": cases, "gradient": answers.gradient,
+        "gradient_case": answers.gradient_case, "function": answers.function,
+    }  # fmt: skip
+
+
+def _text(data: dict[str, Any], key: str, optional: bool = False) -> Any:
+    value = data.get(key)
+    if (value is None and optional) or isinstance(value, str):
+        return value
+    raise ValueError(f"{key!r} must be a string{' or None' if optional else ''}, got {type(value).__name__}")
+
+
+def decode(data: Any, cases: int) -> Answers:
+    """The :class:`Answers` in what :func:`encode` wrote (read by the grader).
+
+    Raises:
+        ValueError: not what :func:`encode` writes for ``cases`` cases.
+    """
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError(f"expected a dict with version {VERSION}, got {type(data).__name__}")
+    found = data.get("cases")
+    if not isinstance(found, list) or len(found) != cases:
+        raise ValueError(f"expected a list of {cases} answers, got {type(found).__name__} of {len(found or ())}")
+    answers = []
+    for case in found:
+        if not isinstance(case, dict):
+            raise ValueError(f"expected an answer as a dict, got {type(case).__name__}")
+        value, type_name = case.get("value"), _text(case, "type")
+        if isinstance(value, Tensor):
+            value = value.as_subclass(Tensor)
+        elif value is None and type_name != "NoneType":
+            value = Unsupported(type_name)
+        elif not (value is None or isinstance(value, (bool, int, float, str))):
+            raise ValueError(f"an answer's value must be a tensor, a number or a string, got {type(value).__name__}")
+        changed = case.get("changed")
+        if not isinstance(changed, list) or not all(isinstance(c, str) for c in changed):
+            raise ValueError("'changed' must be a list of strings")
+        answers.append(Answer(
+            value, _text(case, "error", optional=True), _text(case, "where"),
+            bool(case.get("not_implemented")), tuple(changed),
+        ))  # fmt: skip
+    gradient_case = data.get("gradient_case")
+    if gradient_case is not None and (not isinstance(gradient_case, int) or not 0 <= gradient_case < cases):
+        raise ValueError(f"'gradient_case' must be a case number below {cases} or None, got {gradient_case!r}")
+    return Answers(tuple(answers), _text(data, "gradient", optional=True), gradient_case, _text(data, "function"))
+
+
+def answer_cases(inputs: str, output: str, function: Callable[[], Any]) -> None:
+    """Run the student's function on the cases in ``inputs``; save its answers to ``output``.
+
+    ``function`` returns the student's function (a ``lambda`` around its name, so that an
+    undefined name is reported as the answer's error instead of failing the cell).
+    """
+    cases = torch.load(inputs, weights_only=False)  # written by the grader: Case objects with modules
+    try:
+        fn = function()
+    except Exception as exc:  # noqa: BLE001 - a name the student did not define
+        found = Answer(error=f"{type(exc).__name__}: {exc}")
+        torch.save(encode(Answers(tuple(found for _ in cases))), output)
+        return
+    if not callable(fn):
+        found = Answer(error=f"TypeError: the answer is a {type(fn).__name__}, not a function")
+        torch.save(encode(Answers(tuple(found for _ in cases))), output)
+        return
+    torch.save(encode(collect_answers(fn, cases)), output)

@@ -1,0 +1,437 @@
+"""The release (the student copies ``student`` wrote) and how a submission is graded against it.
+
+A submission's own check cells are never trusted: :func:`plan` takes the submission's code
+cells, drops every check cell it has (tagged ``check`` or calling ``vitlab.checks``) and
+puts a grader's cell (:mod:`vitlab.assignments.harness`) where each of the release's check
+cells is. What differs from the release is an *anomaly*: a check cell edited, missing,
+duplicated or added, its metadata changed (points, tags), a stamp that names another
+notebook. Anomalies never change a score; the report lists them.
+
+:func:`copied_references` reads the submission's code (never runs it) for uses of
+``vitlab.checks`` and of the vitlab objects a check's reference is built from.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitlab.assignments.exercises import (
+    CHECK,
+    AssignmentError,
+    check_call,
+    find_notebooks,
+    parse,
+    points,
+    source,
+    tags,
+)
+
+STAMP = "release"  # notebook metadata vitlab.release: the release notebook a student copy came from
+SHIPPED_LIMIT = 50 * 2**20  # bytes of other files a release folder may ship with its notebooks
+_COPY_SUFFIX = re.compile(r"( \(\d+\)|-\d+| - Copy)$")  # "09_pit (1)", "09_pit-2", "09_pit - Copy"
+_COPY_PREFIX = re.compile(r"^(Copy of )+", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ReleaseCheck:
+    """One check cell of the release: what it checks, with which function, for how many points."""
+
+    number: int  # its place among the release's check cells, from 0
+    cell: int  # index of the cell in the release notebook
+    cell_id: str | None
+    check: str  # e.g. "t2t_token_count"
+    function: str  # the student's function it is given, e.g. "token_count"
+    points: float
+    source: str
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release notebook: its name (path in the release without ``.ipynb``), cells and checks."""
+
+    name: str
+    path: Path
+    notebook: dict[str, Any]
+    checks: tuple[ReleaseCheck, ...]
+    files: dict[str, bytes] = field(default_factory=dict)  # what the release ships next to the notebook
+
+
+def _release_checks(notebook: dict[str, Any], path: Path) -> tuple[ReleaseCheck, ...]:
+    found = []
+    for index, cell in enumerate(notebook.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            call = check_call(parse(source(cell)))
+        except SyntaxError as exc:
+            if CHECK in tags(cell):
+                raise AssignmentError(f"{path}: cell {index}: a check cell that is not valid Python") from exc
+            continue
+        if call is None and CHECK not in tags(cell):
+            continue
+        if call is None or not call[1]:
+            raise AssignmentError(f"{path}: cell {index}: a check cell must call vitlab.checks.<check>(function)")
+        found.append(
+            ReleaseCheck(len(found), index, cell.get("id"), call[0], call[1], points(cell), source(cell),
+                         dict(cell.get("metadata", {})))
+        )  # fmt: skip
+    return tuple(found)
+
+
+def read_release(sources: Iterable[str | Path]) -> list[Release]:
+    """Every release notebook in ``sources`` (files or folders), with its checks and shipped files.
+
+    A notebook ships the other files of its folder (not notebooks, not hidden): the data a
+    student copy reads. Each graded submission gets copies of them in its own folder.
+
+    Raises:
+        AssignmentError: no notebook, a check cell that calls no check, or too much to ship.
+    """
+    import nbformat
+
+    releases = []
+    for path, relative in find_notebooks(sources):
+        notebook = nbformat.read(path, as_version=4)
+        files, size = {}, 0
+        for other in sorted(path.parent.iterdir()):
+            if other.is_file() and other.suffix != ".ipynb" and not other.name.startswith("."):
+                size += other.stat().st_size
+                if size > SHIPPED_LIMIT:
+                    raise AssignmentError(f"{path.parent}: the release ships more than {SHIPPED_LIMIT} bytes")
+                files[other.name] = other.read_bytes()
+        name = relative.with_suffix("").as_posix()
+        releases.append(Release(name, path, dict(notebook), _release_checks(notebook, path), files))
+    if not releases:
+        raise AssignmentError(f"no notebooks in the release {', '.join(map(str, sources))}")
+    return releases
+
+
+def _base_name(path: Path) -> str:
+    """``"09_pit"`` for ``Copy of 09_pit (1).ipynb``: the name without the copies' decorations."""
+    stem = _COPY_PREFIX.sub("", path.name.removesuffix(".ipynb")).strip()
+    return _COPY_SUFFIX.sub("", stem).strip()
+
+
+def match_release(path: Path, notebook: dict[str, Any], releases: list[Release]) -> tuple[Release | None, list[str]]:
+    """The release notebook a submission answers, and the anomalies found on the way.
+
+    The only one if the release has one notebook; else the one whose name ends the file's
+    name (``s1234_09_pit.ipynb``, ``Copy of 09_pit (1).ipynb``), else the one the
+    student copy's stamp names. The stamp is the student's to change, so a stamp that
+    names another release notebook is an anomaly and never decides over the file name.
+    """
+    stamp = (notebook.get("metadata", {}).get("vitlab") or {}).get(STAMP)
+    base = _base_name(path)
+    by_name = sorted(
+        (r for r in releases if base == Path(r.name).name or base.endswith(("_" + Path(r.name).name, " " + r.name))),
+        key=lambda r: len(r.name), reverse=True,
+    )  # fmt: skip
+    if len(releases) == 1:
+        chosen: Release | None = releases[0]
+    elif by_name:
+        chosen = by_name[0]
+    else:
+        chosen = next((r for r in releases if r.name == stamp), None)
+    anomalies = []
+    if chosen is not None and stamp is not None and stamp != chosen.name:
+        anomalies.append(f"the notebook's stamp names the release notebook {stamp!r}; graded as {chosen.name!r}")
+    return chosen, anomalies
+
+
+# ---------------------------------------------------------------- the cells that run
+
+
+@dataclass
+class Plan:
+    """The cells a graded run executes, where each came from, and the anomalies found.
+
+    ``origins[i]`` is ``("student", index in the submission)`` or ``("check", release check number)``.
+    """
+
+    sources: list[str] = field(default_factory=list)
+    origins: list[tuple[str, int]] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)
+
+
+def _is_check_cell(cell: dict[str, Any]) -> str | None:
+    """The check a submission's code cell calls (``""`` if it is only tagged ``check``), or ``None``."""
+    try:
+        call = check_call(parse(source(cell)))
+    except SyntaxError:
+        call = None
+    if call is not None:
+        return call[0]
+    return "" if CHECK in tags(cell) else None
+
+
+def _binds(cell: dict[str, Any], name: str) -> bool:
+    try:
+        tree = parse(source(cell))
+    except SyntaxError:
+        return False
+    for statement in tree.body:
+        for node in ast.walk(statement):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+                return True
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
+                return True
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if any((a.asname or a.name).split(".")[0] == name for a in node.names):
+                    return True
+    return False
+
+
+def _metadata_changes(release: ReleaseCheck, cell: dict[str, Any]) -> list[str]:
+    changes = []
+    try:
+        worth: float | str = points(cell)
+    except AssignmentError as exc:
+        worth = str(exc)
+    if worth != release.points:
+        shown = f"{worth:g}" if isinstance(worth, float) else worth
+        changes.append(f"points {shown} instead of {release.points:g}")
+    if sorted(tags(cell)) != sorted(release.metadata.get("tags", [])):
+        changes.append(f"tags {tags(cell)} instead of {release.metadata.get('tags', [])}")
+    return changes
+
+
+def plan(notebook: dict[str, Any], release: Release, harness: Callable[[ReleaseCheck], str]) -> Plan:
+    """The code cells to run for a submission: its own, its check cells replaced by ``harness(check)``.
+
+    A release check cell is found in the submission by its cell id, else by its source;
+    the grader's cell takes its place. A check cell the student deleted is put back after
+    the last cell that defines its function (at the end if none does). Every other check
+    cell of the submission is dropped.
+    """
+    cells = notebook.get("cells", [])
+    code = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
+    checkish = {i: call for i in code if (call := _is_check_cell(cells[i])) is not None}
+    at: dict[int, ReleaseCheck] = {}  # submission cell -> the release check that replaces it
+    result = Plan()
+    missing = []
+    for check in release.checks:
+        by_id = [i for i in code if check.cell_id is not None and cells[i].get("id") == check.cell_id]
+        by_source = [i for i in code if source(cells[i]).strip() == check.source.strip()]
+        found = [i for i in by_id + by_source if i not in at]
+        if not found:
+            missing.append(check)
+            result.anomalies.append(f"{check.check}: the check cell was deleted; the release's check ran")
+            continue
+        index = found[0]
+        at[index] = check
+        if source(cells[index]).strip() != check.source.strip():
+            result.anomalies.append(f"{check.check}: the check cell was edited; the release's check ran instead")
+        changes = _metadata_changes(check, cells[index])
+        if changes:
+            result.anomalies.append(f"{check.check}: the check cell's metadata changed ({'; '.join(changes)}); "
+                                    "the release's points count")  # fmt: skip
+        for other in sorted(set(by_id + by_source) - {index}):
+            if other not in at and other in checkish:
+                result.anomalies.append(f"{check.check}: the check cell is duplicated (cell {other}); not run")
+                checkish[other] = "duplicate"
+    for index, call in sorted(checkish.items()):
+        if index not in at and call != "duplicate":
+            what = f"calls vitlab.checks.{call}" if call else "tagged 'check'"
+            result.anomalies.append(f"an extra check cell (cell {index}, {what}) was not run; only the release's count")
+    after: dict[int | None, list[ReleaseCheck]] = {}
+    for check in missing:
+        binding = [i for i in code if _binds(cells[i], check.function) and i not in checkish]
+        after.setdefault(binding[-1] if binding else None, []).append(check)
+    for index in code:
+        if index in at:
+            result.sources.append(harness(at[index]))
+            result.origins.append(("check", at[index].number))
+        elif index not in checkish:
+            result.sources.append(source(cells[index]))
+            result.origins.append(("student", index))
+        for check in after.get(index, []):
+            result.sources.append(harness(check))
+            result.origins.append(("check", check.number))
+    for check in after.get(None, []):
+        result.sources.append(harness(check))
+        result.origins.append(("check", check.number))
+    return result
+
+
+# ---------------------------------------------------------------- copied references
+
+
+def _imported_names(tree: ast.AST) -> dict[str, str]:
+    """``{local name: dotted vitlab name}`` that the code's imports bind."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "vitlab":
+                    names[alias.asname or "vitlab"] = alias.name if alias.asname else "vitlab"
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vitlab":
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return None
+
+
+def vitlab_names(code: Iterable[str]) -> set[str]:
+    """Every dotted vitlab name the code imports or uses, e.g. ``vitlab.layers.attention.explicit_attention``."""
+    found: set[str] = set()
+    for text in code:
+        try:
+            tree = parse(text)
+        except SyntaxError:
+            continue
+        imported = _imported_names(tree)
+        found |= {name for name in imported.values() if name.count(".") >= 1}
+        for node in ast.walk(tree):
+            parts = _dotted(node) if isinstance(node, ast.Attribute) else None
+            if parts and parts[0] in imported:
+                found.add(".".join([imported[parts[0]], *parts[1:]]))
+    return found
+
+
+def _resolve(name: str) -> Any:
+    """The vitlab object a dotted name names (vitlab's own modules only), or ``None``."""
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr, None)
+        return obj
+    return None
+
+
+def reference_objects(reference: Callable[..., Any]) -> list[Any]:
+    """The vitlab objects a check's reference is: itself, or (defined in vitlab.checks) the vitlab
+    functions and classes its code names."""
+    module = getattr(reference, "__module__", "") or ""
+    if module.startswith("vitlab.") and not module.startswith("vitlab.checks"):
+        return [reference]
+    code = getattr(reference, "__code__", None)
+    scope = getattr(reference, "__globals__", {})
+    found = []
+    stack = [code] if code is not None else []
+    while stack:
+        current = stack.pop()
+        stack.extend(c for c in current.co_consts if hasattr(c, "co_names"))
+        for name in current.co_names:
+            obj = scope.get(name)
+            owner = getattr(obj, "__module__", "") or ""
+            if callable(obj) and owner.startswith("vitlab.") and not owner.startswith("vitlab.checks"):
+                found.append(obj)
+    return found
+
+
+def copied_references(code: list[str], baseline: set[str], references: list[Any] | None = None) -> list[str]:
+    """The vitlab names the submission's code uses that look like a copied answer.
+
+    ``code``: the submission's code cells (its check cells left out); ``baseline``: the
+    names the release's own cells use (its ``import vitlab.checks`` is not a copy).
+    Without ``references``: the names inside ``vitlab.checks`` (a check's private reference
+    or machinery); with them (:func:`reference_objects` of one exercise): the names that
+    are one of them.
+    """
+    flagged = []
+    for name in sorted(vitlab_names(code) - baseline):
+        inside_checks = name.startswith("vitlab.checks.") and name.count(".") >= 2
+        if references is None:
+            if inside_checks:
+                flagged.append(name)
+        elif not inside_checks and any(_resolve(name) is r for r in references):
+            flagged.append(name)
+    return flagged
+
+
+# ---------------------------------------------------------------- what the code tries
+
+
+_STACK = {"f_back", "f_locals", "f_globals", "_getframe", "currentframe", "stack", "getouterframes", "tb_frame"}
+_PROCESSES = {"subprocess", "multiprocessing", "pty"}
+_OS_PROCESSES = {"system", "popen", "fork", "forkpty", "setsid", "execv", "execve", "execvp", "posix_spawn"}
+_CHECK_LINE = re.compile(r"\b(PASS|FAIL|TODO) [A-Za-z_]\w*[ :\[]")
+_OUTSIDE = re.compile(r"^(/|~)|(^|/)\.\.(/|$)")
+_SHELL = re.compile(r"^\s*(!|%%(bash|sh|script)\b|%(system|sx)\b)", re.MULTILINE)
+
+
+def _findings(text: str) -> set[str]:
+    """What one code cell does that a grader should know of (see :func:`suspicious`)."""
+    found = set()
+    if _SHELL.search(text):
+        found.add("runs shell commands")
+    try:
+        tree = parse(text)
+    except SyntaxError:
+        return found
+    imported = _imported_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts = _dotted(node)
+            if parts and isinstance(node.ctx, (ast.Store, ast.Del)) and parts[0] in imported:
+                found.add(f"replaces {'.'.join([imported[parts[0]], *parts[1:]])}")
+            if node.attr in _STACK:
+                found.add(f"walks the call stack ({node.attr})")
+            if parts and parts[-2:] == ["sys", "modules"]:
+                found.add("changes or reads sys.modules")
+            if parts and parts[-2:] in (["os", "environ"], ["os", "getenv"], ["os", "environb"]):
+                found.add("reads the environment (os.environ)")
+            if parts and len(parts) >= 2 and parts[-2] == "os" and parts[-1] in _OS_PROCESSES:
+                found.add(f"starts processes (os.{parts[-1]})")
+            if node.attr == "register" and parts and "events" in parts:
+                found.add("registers an IPython event hook")
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                if module.split(".")[0] in _PROCESSES:
+                    found.add(f"starts processes ({module})")
+            if isinstance(node, ast.ImportFrom) and node.module == "os":
+                for alias in node.names:
+                    if alias.name in _OS_PROCESSES:
+                        found.add(f"starts processes (os.{alias.name})")
+                    if alias.name in ("environ", "getenv"):
+                        found.add("reads the environment (os.environ)")
+            if isinstance(node, ast.ImportFrom) and node.module == "sys":
+                if any(a.name == "modules" for a in node.names):
+                    found.add("changes or reads sys.modules")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            value = node.value
+            line = _CHECK_LINE.search(value)
+            if line is not None:
+                found.add(f"writes a check's result line ({line.group(0).strip(' :[')} ...)")
+            if "vnd.vitlab" in value:
+                found.add("shows data of the checks' MIME type")
+            if value in ("post_run_cell", "pre_run_cell", "post_execute", "pre_execute"):
+                found.add(f"registers an IPython event hook ({value})")
+            if _OUTSIDE.search(value.strip()) and "\n" not in value and len(value) < 300:
+                found.add(f"names a path outside its folder ({value.strip()!r})")
+    return found
+
+
+def suspicious(code: list[str], release_code: list[str]) -> list[str]:
+    """What the submission's code does that no honest answer needs, for the instructor to look at.
+
+    Replacing anything of vitlab, walking the call stack, touching ``sys.modules``,
+    registering IPython event hooks, writing a check's ``PASS`` line or showing the checks'
+    data, reading the environment, starting processes, naming paths outside its folder.
+    What the release's own cells do (``release_code``) is not reported. These are hints
+    read from the code, not proof, and they never change a score.
+    """
+    baseline = set().union(*(_findings(text) for text in release_code)) if release_code else set()
+    found = set().union(*(_findings(text) for text in code)) if code else set()
+    return sorted(found - baseline)
