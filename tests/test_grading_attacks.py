@@ -401,7 +401,8 @@ def test_the_in_notebook_check_never_has_the_reference_on_the_stack(capsys: pyte
 def test_an_answer_that_changes_its_inputs_fails_in_the_kernel_harness_too() -> None:
     """The grader's side: the harness's answers carry the inputs a function changed."""
     from vitlab.assignments.harness import decode, encode
-    from vitlab.checks._core import check_spec, collect_answers, evaluate
+    from vitlab.checks import check_spec
+    from vitlab.checks._core import collect_answers, evaluate
 
     spec = check_spec("encoder_block")
     answers = decode(encode(collect_answers(block_adds_in_place, spec.cases)), len(spec.cases))

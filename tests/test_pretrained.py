@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 import vitlab
-from conftest import assert_same_logits, perturb_, random_images
+from conftest import COMMIT, add_timm_repo, assert_same_logits, perturb_, random_images, write_snapshot
 from vitlab import pretrained
 from vitlab.family import family_of
 
@@ -36,51 +38,9 @@ TIMM_MODELS = [
     "levit_128s",
 ]
 HF_MODEL = "cvt_13"
-COMMIT = hashlib.sha1(b"vitlab fabricated snapshot").hexdigest()  # any 40-hex commit id
 
 
 # ---------------------------------------------------------------- the fabricated cache
-
-
-def _git_blob_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def write_snapshot(hub_cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
-    """Put ``files`` (name in the repo -> file on disk) in ``hub_cache`` as huggingface_hub does.
-
-    Large (LFS) files are stored under their sha256, small ones under their git blob sha1;
-    the snapshot holds relative symlinks to the blobs. Returns the snapshot folder.
-    """
-    repo = hub_cache / f"models--{repo_id.replace('/', '--')}"
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    snapshot = repo / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for name, path in files.items():
-        data = path.read_bytes()
-        is_lfs = name.endswith((".safetensors", ".bin"))
-        blob = hashlib.sha256(data).hexdigest() if is_lfs else _git_blob_sha1(data)
-        (repo / "blobs" / blob).write_bytes(data)
-        (snapshot / name).symlink_to(Path("..", "..", "blobs", blob))
-    return snapshot
-
-
-def add_timm_repo(hub_cache: Path, name: str, work: Path) -> torch.nn.Module:
-    """The repository of timm's default pretrained tag of ``name``, with perturbed random weights.
-
-    Written by timm's own ``save_for_hf`` (``config.json`` + ``model.safetensors``, the
-    files of the ``timm/...`` repositories), plus a README. Returns the saved model.
-    """
-    cfg = timm.models.get_pretrained_cfg(name)
-    torch.manual_seed(0)
-    model = perturb_(timm.create_model(name, pretrained=False)).eval()
-    out = work / cfg.hf_hub_id.replace("/", "--")
-    timm.models.save_for_hf(model, str(out), safe_serialization=True)
-    (out / "README.md").write_text(f"---\ntags:\n- timm\n---\n# {cfg.hf_hub_id} (fabricated for a test)\n")
-    write_snapshot(hub_cache, cfg.hf_hub_id, {p.name: p for p in out.iterdir()})
-    return model
 
 
 def add_cvt_repo(hub_cache: Path, repo_id: str, work: Path) -> torch.nn.Module:
@@ -176,6 +136,58 @@ def test_unreleased_weights_say_where_the_official_ones_are(name: str, where: st
 def test_pretrained_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match="pretrained must be a bool"):
         vitlab.create_model("vit_tiny_patch16_224", pretrained="yes")  # pyright: ignore[reportArgumentType]
+
+
+# ---------------------------------------------------------------- the [pretrained] extra
+
+
+def pretrained_extra() -> list[str]:
+    """The package names of pyproject.toml's ``pretrained`` extra."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    return [re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0] for spec in project["optional-dependencies"]["pretrained"]]
+
+
+def colab_install_address() -> str:
+    """Where the Colab setup cell (the first cell of every chapter) installs vitlab from: ``git+https://...``."""
+    cell = json.loads((Path(__file__).resolve().parents[1] / "notebooks/01_patches.ipynb").read_text())["cells"][0]
+    found = re.search(r'"vitlab @ (git\+[^"]+)"', "".join(cell["source"]))
+    assert found, "the setup cell no longer installs vitlab from git"
+    return found[1]
+
+
+def test_the_extra_declares_what_pretrained_imports() -> None:
+    assert sorted(pretrained_extra()) == ["huggingface_hub", "timm", "transformers"]
+
+
+@pytest.mark.parametrize(
+    ("package", "name"),
+    [("timm", "vit_tiny_patch16_224"), ("huggingface_hub", "vit_tiny_patch16_224"), ("transformers", HF_MODEL)],
+)
+def test_a_missing_package_names_the_install_command(
+    package: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    go_offline(monkeypatch, tmp_path)  # were the check missing, nothing would be downloaded either
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` now raises ModuleNotFoundError
+    with pytest.raises(ModuleNotFoundError) as error:
+        vitlab.create_model(name, pretrained=True)
+    assert error.value.name == package
+    message = str(error.value)
+    assert f"need the {package} package" in message
+    assert f'pip install "vitlab[pretrained] @ {colab_install_address()}"' in message  # as on Colab
+    assert 'pip install -e ".[pretrained]"' in message
+
+
+def test_preprocessing_and_labels_without_timm_name_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "timm", None)
+    for call in (
+        lambda: pretrained.has_pretrained("vit_tiny_patch16_224"),
+        lambda: pretrained.data_config("vit_tiny_patch16_224"),
+        lambda: pretrained.load_image_tensor("vit_tiny_patch16_224", np.zeros((8, 8, 3), np.uint8)),
+        lambda: pretrained.top_k(torch.zeros(1000)),
+    ):
+        with pytest.raises(ModuleNotFoundError, match=r"vitlab\[pretrained\]"):
+            call()
 
 
 # ---------------------------------------------------------------- offline, nothing cached

@@ -1,5 +1,5 @@
-"""Safe weight loading: round trips, tampered pickles refused, and load_pretrained's
-conversion path with the download faked (no network in tests)."""
+"""Safe weight loading: round trips, tampered pickles refused, no unsafe load anywhere in
+the repository. Released weights (``create_model(..., pretrained=True)``): test_pretrained.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ import pytest
 import torch
 
 import vitlab
-from conftest import assert_same_logits, perturb_, random_images, require_reference
-from vitlab.references import hf_config_fields
-from vitlab.weights import load_checkpoint, load_pretrained, load_state_dict, save_state_dict
+from conftest import perturb_, random_images
+from vitlab.weights import load_checkpoint, load_state_dict, save_state_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIXES = [".pt", ".safetensors"]
@@ -129,66 +128,6 @@ def test_safetensors_missing_gives_an_install_hint(tmp_path: Path, monkeypatch: 
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     with pytest.raises(ImportError, match="pip install safetensors"):
         load_state_dict(tmp_path / "weights.safetensors")
-
-
-# ---------------------------------------------------------------- load_pretrained, download faked
-
-
-def test_load_pretrained_timm(monkeypatch: pytest.MonkeyPatch) -> None:
-    timm = require_reference("timm")
-    torch.manual_seed(0)
-    released = perturb_(timm.create_model("vit_tiny_patch16_224", pretrained=False)).eval()  # "released" weights
-    calls = []
-
-    def fake_create_model(name: str, pretrained: bool = False) -> torch.nn.Module:
-        calls.append((name, pretrained))
-        return released
-
-    monkeypatch.setattr(timm, "create_model", fake_create_model)
-    model = load_pretrained("vit_tiny_patch16_224")
-    assert calls == [("vit_tiny_patch16_224", True)]
-    assert not model.training
-    assert_same_logits(model, released, random_images(1))
-
-
-@pytest.fixture(scope="module")
-def released_cvt_13() -> torch.nn.Module:
-    """A HF CvT-13 (as in test_cvt.py) with random "released" weights."""
-    transformers = require_reference("transformers")
-    torch.manual_seed(0)
-    config = transformers.CvtConfig(**hf_config_fields(vitlab.get_config("cvt_13")))
-    return perturb_(transformers.CvtForImageClassification(config)).eval()
-
-
-@pytest.mark.parametrize("has_safetensors", [True, False])
-def test_load_pretrained_hf(
-    monkeypatch: pytest.MonkeyPatch, released_cvt_13: torch.nn.Module, has_safetensors: bool
-) -> None:
-    import transformers
-
-    calls = []
-
-    def fake_from_pretrained(repo_id: str, use_safetensors: bool) -> torch.nn.Module:
-        calls.append((repo_id, use_safetensors))
-        if use_safetensors and not has_safetensors:
-            raise OSError(f"{repo_id} does not appear to have a file named model.safetensors")
-        return released_cvt_13
-
-    monkeypatch.setattr(transformers.AutoModelForImageClassification, "from_pretrained", fake_from_pretrained)
-    model = load_pretrained("cvt_13", source="hf")
-    # Without a .safetensors file in the repository, the weights_only pickle path is taken.
-    assert calls == [("microsoft/cvt-13", True)] + ([] if has_safetensors else [("microsoft/cvt-13", False)])
-    # CvT has no position embedding, so a small image checks the weights as well as 224 px.
-    assert_same_logits(model, released_cvt_13, random_images(1, 64))
-
-
-def test_load_pretrained_without_reference_fails_before_downloading(monkeypatch: pytest.MonkeyPatch) -> None:
-    timm = require_reference("timm")
-    monkeypatch.setattr(timm, "create_model", lambda *a, **k: pytest.fail("downloaded"))
-    with pytest.raises(ValueError, match="'deepvit_s' has no 'timm' reference"):
-        load_pretrained("deepvit_s")
-    with pytest.raises(ValueError, match="source must be one of"):
-        load_pretrained("vit_tiny_patch16_224", source="torchhub")
 
 
 # ---------------------------------------------------------------- the repository

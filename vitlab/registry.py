@@ -2,6 +2,12 @@
 
 Names equal timm's where timm has the model (``vit_base_patch16_224``); otherwise the
 official repository's (``deepvit_s``, ``cvt_13``).
+
+A pure lookup (name -> paper file, config, model class, weight converter), plus
+:func:`set_fused_attention`, which flips the speed paths of a model already built: it
+imports only ``vitlab.models``. Two modules sit above it and nothing here imports them:
+:mod:`vitlab.pretrained` (released weights from the hub) and :mod:`vitlab.factory`
+(``create_model``, which uses both).
 """
 
 from __future__ import annotations
@@ -64,22 +70,18 @@ def get_config(name: str, **overrides: Any) -> Any:
     return dataclasses.replace(config, **overrides)
 
 
-def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Module:
-    """Build a registered model, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
+def module_of(name: str) -> ModuleType:
+    """The paper file (a module of ``vitlab.models``) whose ``CONFIGS`` lists ``name``.
 
-    Weights are randomly initialised; load a reference's weights with
-    :func:`convert_state_dict`. ``pretrained=True`` loads the released weights through
-    the reference's hub (timm, or Hugging Face for CvT; needs the internet or a cached
-    copy); see :mod:`vitlab.pretrained`.
+    Its last name part is the model's family: ``"deit"`` for ``deit_small_patch16_224``,
+    whose config and model class are ViT's.
     """
-    if not isinstance(pretrained, bool):
-        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
-    if pretrained:
-        from vitlab.pretrained import load_released  # imported here: vitlab.pretrained imports this module
+    return _module_for(name)
 
-        return load_released(name, **overrides)
-    module = _module_for(name)
-    return module.MODEL(get_config(name, **overrides))
+
+def model_class(name: str) -> type[nn.Module]:
+    """The model class (the paper file's ``MODEL``) that builds ``name`` from its config."""
+    return _module_for(name).MODEL
 
 
 def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str = "timm") -> dict[str, Tensor]:
@@ -99,10 +101,11 @@ def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str 
 
 
 def set_fused_attention(model: nn.Module, flag: bool) -> nn.Module:
-    """Switch every attention layer of ``model`` to the fused (``True``) or explicit path.
+    """Switch every speed path of ``model`` on (``True``) or off, to the paper's formula written out.
 
-    Layers that only have an explicit path (re-attention, talking heads) are left alone.
-    Returns ``model``.
+    Every layer with a speed path has a bool ``fused_attn`` (see :mod:`vitlab.contract`):
+    fused attention, CaiT's head mixing, LeViT's CPU kernel choice and bias cache. Layers
+    that only have the explicit path (re-attention) are left alone. Returns ``model``.
     """
     if not isinstance(flag, bool):
         raise TypeError(f"flag must be a bool, got {type(flag).__name__}")

@@ -4,6 +4,9 @@ A ``.pt``/``.pth`` file is a pickle, and unpickling can call any Python function
 (``os.system``, ``exec``). ``torch.load(..., weights_only=True)`` only rebuilds tensors and
 plain containers and refuses everything else; ``.safetensors`` files hold no code at all.
 Every loader here uses one of the two, so a tampered checkpoint is refused, not run.
+
+Local files only; this module imports no other ``vitlab`` module. Released weights come
+from the hub through ``vitlab.create_model(name, pretrained=True)`` (:mod:`vitlab.pretrained`).
 """
 
 from __future__ import annotations
@@ -16,14 +19,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitlab.registry import SOURCES, _module_for, convert_state_dict, create_model
-
-# HuggingFace hub repositories of the models whose reference is HF ``transformers``.
-HF_REPO_IDS = {
-    "cvt_13": "microsoft/cvt-13",
-    "cvt_21": "microsoft/cvt-21",
-    "cvt_w24_384": "microsoft/cvt-w24-384-22k",
-}
 # Training checkpoints often wrap the state dict: DeiT's releases are {"model": ...}.
 _WRAPPER_KEYS = ("state_dict", "model")
 
@@ -98,51 +93,3 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """
     model.load_state_dict(load_state_dict(path), strict=True)
     return model
-
-
-def _reference_state_dict(name: str, source: str, repo_id: str | None) -> dict[str, Tensor]:
-    """The pretrained weights of ``name``'s reference implementation, downloaded on first use."""
-    if source == "timm":
-        import timm  # timm >= 1.0 reads safetensors from the hub, else torch.load(weights_only=True)
-
-        return timm.create_model(repo_id or name, pretrained=True).state_dict()
-
-    from transformers import AutoModelForImageClassification
-
-    if repo_id is None and name not in HF_REPO_IDS:
-        raise ValueError(f"no HuggingFace repository known for {name!r}; pass repo_id=")
-    repo_id = repo_id or HF_REPO_IDS[name]
-    try:
-        reference = AutoModelForImageClassification.from_pretrained(repo_id, use_safetensors=True)
-    except OSError:
-        # No .safetensors file in the repository. transformers reads the pickle with
-        # weights_only=True, which torch >= 2.6 also makes the default of every torch.load.
-        if tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 6):
-            raise
-        reference = AutoModelForImageClassification.from_pretrained(repo_id, use_safetensors=False)
-    return reference.state_dict()
-
-
-def load_pretrained(name: str, source: str = "timm", *, repo_id: str | None = None, **overrides) -> nn.Module:
-    """A ``vitlab`` model carrying the released weights of its reference, in eval mode.
-
-    Needs the internet (Colab has it) and the reference library: ``timm`` for
-    ``source="timm"``, ``transformers`` for ``source="hf"``. The weights are converted with
-    :func:`vitlab.convert_state_dict` and loaded strictly.
-
-    Args:
-        name: a ``vitlab`` model name, e.g. ``"deit_small_patch16_224"``.
-        source: ``"timm"`` or ``"hf"``.
-        repo_id: the timm model name or HuggingFace repository to take the weights from,
-            when it is not the default (``name`` for timm, ``HF_REPO_IDS[name]`` for HF).
-        **overrides: config fields that keep every weight's shape (e.g. ``drop_path_rate``).
-    """
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-    if not hasattr(_module_for(name), f"convert_{source}"):  # fail before downloading anything
-        available = [s for s in SOURCES if hasattr(_module_for(name), f"convert_{s}")]
-        raise ValueError(f"{name!r} has no {source!r} reference; available sources: {available or 'none'}")
-    model = create_model(name, **overrides)
-    state_dict = convert_state_dict(name, _reference_state_dict(name, source, repo_id), source)
-    model.load_state_dict(state_dict, strict=True)
-    return model.eval()

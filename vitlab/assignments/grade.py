@@ -412,7 +412,7 @@ def _run_in(
     import nbformat
 
     from vitlab.assignments.isolation import end_processes, isolated_kernel_manager, scrubbed_env
-    from vitlab.checks._core import check_spec
+    from vitlab.checks import check_spec
 
     planned = plan(notebook, release, partial(_harness_source, folder))
     result.anomalies += planned.anomalies

@@ -104,7 +104,8 @@ def answer_cases(inputs: str, output: str, function: Callable[[], Any]) -> None:
     ``function`` returns the student's function (a ``lambda`` around its name, so that an
     undefined name is reported as the answer's error instead of failing the cell).
     """
-    cases = torch.load(inputs, weights_only=False)  # written by the grader: Case objects with modules
+    # Written by the grader: Case objects with modules. The student's own process unpickles it.
+    cases = torch.load(inputs, weights_only=False)  # unsafe on purpose
     try:
         fn = function()
     except Exception as exc:  # noqa: BLE001 - a name the student did not define

@@ -1,43 +1,55 @@
 """The machinery every exercise check shares.
 
-A check runs the student's function on a few fixed, seeded cases (CPU tensors) and
-compares each answer with the reference. It runs every case (the fraction that match is
-the partial credit a grader gives) and reports the first case that differs. Before it
-reports the difference it compares the answer with the *known wrong answers* (the
-course's pitfalls and other classic slips); an answer that matches one is named in words.
+A check is a :class:`CheckSpec`: a few fixed, seeded cases (CPU tensors), the reference,
+the *known wrong answers* (the course's pitfalls and other classic slips), what an answer
+must be (:class:`Expect`) and a note for a PASS line. Checking an answer has two steps
+that never share a stack:
 
-It prints exactly one line and returns a :class:`CheckResult`, truthy only when passed:
+1. :func:`collect_answers` runs the student's function on a fresh copy of every case's
+   inputs, notes what it returned or raised and whether it changed its inputs in place,
+   and runs one case again with inputs that require gradients, then a backward pass;
+2. :func:`evaluate` computes the references, only now, and compares. Every case counts
+   (the fraction that match is the partial credit a grader gives); the result names the
+   first case that differs, in words when the answer matches a known wrong one.
+
+In a notebook, :func:`run_check` does both in that order (the reference's output is never
+on a stack the student's function can walk) and prints exactly one line:
 
 * ``PASS name: all 4 cases match the reference``
 * ``FAIL name [case 2/4: ...]: what differs``
 * ``TODO name: not implemented yet``
 
-A check never raises because of the student's code: a wrong answer, a crash, or
-``NotImplementedError`` become a failed result, so a notebook keeps running. Printing is
-the point of these functions (they are the output of a notebook cell); the rest of
-``vitlab`` never prints.
+The grader (:mod:`vitlab.assignments.grade`) takes the two steps apart: it gets a check's
+spec with :func:`vitlab.checks.check_spec`, sends the cases to the student's kernel, which runs step 1
+and returns the answers as data, and runs step 2 in its own process. A check never raises
+because of the student's code: a wrong answer, a crash or ``NotImplementedError`` become
+a failed result, so a notebook keeps running. Printing is the point of these functions
+(they are the output of a notebook cell); the rest of ``vitlab`` never prints.
 
-Results as data: when the environment variable ``VITLAB_CHECK_DATA`` is ``1`` (the
-grader, ``python -m vitlab.assignments grade``, sets it for the kernels it starts) and
-the check runs in IPython, the line is shown as display data instead of printed: the
-same line as ``text/plain`` next to :meth:`CheckResult.to_dict` as
-``application/vnd.vitlab.check+json`` (:data:`DATA_MIME`). Without it a check prints
-to stdout, so the outputs stored in the course notebooks stay as they are (nbval
-compares a stdout stream and a ``text/plain`` display as different outputs).
+Results as data: when the environment variable ``VITLAB_CHECK_DATA`` is ``1`` and the
+check runs in IPython, the line is shown as display data instead of printed: the same line
+as ``text/plain`` next to :meth:`CheckResult.to_dict` as ``application/vnd.vitlab.check+json``
+(:data:`DATA_MIME`), for tools that collect a student's own results. The grader never
+reads it (a student's code can show anything).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import inspect
 import math
 import numbers
 import os
+import sysconfig
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 Status = Literal["passed", "failed", "not implemented"]
 
@@ -66,7 +78,7 @@ class CheckResult:
         status: ``"passed"``, ``"failed"`` or ``"not implemented"``.
         message: the line the check printed.
         case: the label of the case that failed (``None`` when passed).
-        erratum: the pitfall number of the recognised wrong answer, if any.
+        pitfall: the number of the recognised wrong answer in book/pitfalls.md, if any.
         cases_passed: how many cases matched the reference (``None``: not counted).
         cases_total: how many cases the check ran (``None``: not counted).
     """
@@ -75,13 +87,18 @@ class CheckResult:
     status: Status
     message: str
     case: str | None = None
-    erratum: int | None = None
+    pitfall: int | None = None
     cases_passed: int | None = None
     cases_total: int | None = None
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
+
+    @property
+    def erratum(self) -> int | None:
+        """The former name of :attr:`pitfall` (read only)."""
+        return self.pitfall
 
     @property
     def fraction(self) -> float:
@@ -98,7 +115,7 @@ class CheckResult:
             "status": self.status,
             "message": self.message,
             "case": self.case,
-            "pitfall": self.erratum,
+            "pitfall": self.pitfall,
             "cases_passed": self.cases_passed,
             "cases_total": self.cases_total,
             "fraction": self.fraction,
@@ -129,12 +146,13 @@ class KnownWrong:
     """A wrong answer seen in the source notes or in class, and how to fix it.
 
     ``fn`` takes the same arguments as the student's function and returns the wrong
-    answer; ``message`` says in words what was done and what is right.
+    answer; ``message`` says in words what was done and what is right; ``pitfall`` is its
+    number in book/pitfalls.md when it is one of the course's pitfalls.
     """
 
     fn: Callable[..., Any]
     message: str
-    erratum: int | None = None
+    pitfall: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,61 @@ class Expect:
     integer: bool = False
     rtol: float = 1e-4
     atol: float = 1e-5
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """Everything a check needs but the student's function: what :func:`run_check` is given."""
+
+    name: str
+    cases: tuple[Case, ...]
+    reference: Callable[..., Any]
+    known_wrong: tuple[KnownWrong, ...] = ()
+    expect: Expect = Expect()
+    pass_note: str = ""
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """An answer of a type that cannot travel as data from a kernel (e.g. a NumPy array): only its type's name."""
+
+    type_name: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the student's function did on one case.
+
+    Attributes:
+        value: what it returned (``None`` when it raised).
+        error: the exception it raised, ``"TypeError: ..."`` with its whole message, or ``None``.
+        where: where it raised, the last line of the student's own code: ``"line 3 of fn: return q @ k"``.
+        not_implemented: it raised ``NotImplementedError`` (the stub).
+        changed: the inputs it changed in place, by parameter name (``"x"``) or position (``"argument 2"``).
+    """
+
+    value: Any = None
+    error: str | None = None
+    where: str = ""
+    not_implemented: bool = False
+    changed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The student's answers to every case of a check, as :func:`collect_answers` gives them.
+
+    Attributes:
+        cases: one :class:`Answer` per case, in order.
+        gradient: why the run of one case with gradients (and a backward pass) failed, or ``None``.
+        gradient_case: the index of the case run with gradients (``None``: no case has float tensors).
+        function: the function's ``module.qualname`` (a grader flags vitlab's own objects).
+    """
+
+    cases: tuple[Answer, ...]
+    gradient: str | None = None
+    gradient_case: int | None = None
+    function: str = ""
 
 
 def generator(seed: int) -> torch.Generator:
@@ -166,16 +239,27 @@ def shape(x: Tensor) -> str:
     return str(tuple(x.shape))
 
 
-def _fmt(x: float) -> str:
+def _fmt(x: float, digits: int = 4) -> str:
     if float(x).is_integer() and abs(x) >= 1e4:
         return f"{int(x):,}"  # parameter counts: 5,717,416, not 5.717e+06
-    return f"{x:.4g}"
+    return f"{x:.{digits}g}"
+
+
+def _pair(expected: float, got: float) -> tuple[str, str]:
+    """``expected`` and ``got`` with as few digits as show that they differ (4 at least)."""
+    for digits in range(4, 18):
+        a, b = _fmt(expected, digits), _fmt(got, digits)
+        if a != b:
+            return a, b
+    return repr(float(expected)), repr(float(got))
 
 
 def _clone(x: Any) -> Any:
-    """Fresh copies of every tensor, so an in-place edit by one call cannot leak into the next."""
+    """Fresh copies of every tensor and module, so that no call can change what the next one gets."""
     if isinstance(x, Tensor):
         return x.clone()
+    if isinstance(x, nn.Module):
+        return copy.deepcopy(x)
     if isinstance(x, (tuple, list)):
         return type(x)(_clone(v) for v in x)
     if isinstance(x, dict):
@@ -183,10 +267,133 @@ def _clone(x: Any) -> Any:
     return x
 
 
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    lines = str(exc).strip().splitlines()
-    text = f"{type(exc).__name__}: {lines[0].strip()}" if lines else type(exc).__name__
+def _same(before: Any, after: Any) -> bool:
+    """Whether a call left an input as it was: tensors equal, a module's parameters equal.
+
+    A module's buffers may change: a BatchNorm in training mode updates its running statistics.
+    """
+    if isinstance(before, Tensor):
+        if not isinstance(after, Tensor) or before.shape != after.shape or before.dtype != after.dtype:
+            return False
+        if not before.is_floating_point():
+            return bool(torch.equal(before, after))
+        return bool(torch.isclose(before.detach(), after.detach(), rtol=0, atol=0, equal_nan=True).all())
+    if isinstance(before, nn.Module):
+        mine, theirs = dict(before.named_parameters()), dict(after.named_parameters())
+        return mine.keys() == theirs.keys() and all(_same(mine[k], theirs[k]) for k in mine)
+    if isinstance(before, (tuple, list)):
+        return len(before) == len(after) and all(_same(b, a) for b, a in zip(before, after, strict=True))
+    if isinstance(before, dict):
+        return before.keys() == after.keys() and all(_same(before[k], after[k]) for k in before)
+    return True
+
+
+def _names(fn: Callable[..., Any], case: Case) -> list[str]:
+    """The name of each input of ``case`` as ``fn`` calls it: positional ones, then keywords."""
+    positional = [f"argument {i + 1}" for i in range(len(case.args))]
+    try:
+        bound = inspect.signature(fn).bind(*case.args, **case.kwargs)
+    except (TypeError, ValueError):  # no signature, or one that does not fit: positions
+        return positional + list(case.kwargs)
+    names = list(bound.arguments)
+    return [names[i] if i < len(names) else positional[i] for i in range(len(case.args))] + list(case.kwargs)
+
+
+def _changed(fn: Callable[..., Any], case: Case, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """The inputs that the call of ``fn`` on copies ``args``, ``kwargs`` of the case's changed in place."""
+    names = _names(fn, case)
+    given = [*case.args, *case.kwargs.values()]
+    after = [*args, *kwargs.values()]
+    return tuple(name for name, b, a in zip(names, given, after, strict=True) if not _same(b, a))
+
+
+_LIBRARY = tuple(
+    str(Path(p).resolve())
+    for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    | {str(Path(__file__).resolve().parents[1]), str(Path(torch.__file__).resolve().parent)}
+)
+
+
+def _where(exc: BaseException) -> str:
+    """``"line 3 of fn: return q @ k"``: the last frame of the student's own code (not torch's, not vitlab's)."""
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__)
+        if f.filename != __file__ and not str(Path(f.filename).resolve()).startswith(_LIBRARY)
+    ]  # fmt: skip
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"line {last.lineno} of {last.name}" + (f": {last.line.strip()}" if last.line else "")
+
+
+def _exception(exc: BaseException, limit: int = 2000) -> str:
+    """``"RuntimeError: ..."``, the whole message on one line (the shapes of a torch error are in its later lines)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _float_tensors(x: Any) -> list[Tensor]:
+    if isinstance(x, Tensor):
+        return [x] if x.is_floating_point() else []
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _float_tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _float_tensors(v)]
+    return []
+
+
+def answer(fn: Callable[..., Any], case: Case) -> Answer:
+    """Run ``fn`` on a fresh copy of the case's inputs (no gradients); what it did, as an :class:`Answer`."""
+    args, kwargs = _clone(case.args), _clone(case.kwargs)
+    try:
+        with torch.no_grad():
+            value = fn(*args, **kwargs)
+    except NotImplementedError:
+        return Answer(not_implemented=True)
+    except Exception as exc:  # noqa: BLE001 - any crash of the student's code is a failed case
+        return Answer(error=_exception(exc), where=_where(exc))
+    return Answer(value=value, changed=_changed(fn, case, args, kwargs))
+
+
+def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
+    """Why ``fn`` fails on ``case`` with float inputs that require gradients, then a backward pass, or ``None``."""
+    args, kwargs = _clone(case.args), _clone(case.kwargs)
+    for tensor in _float_tensors((args, kwargs)):
+        tensor.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            value = fn(*args, **kwargs)
+    except NotImplementedError:
+        return None  # reported by the run without gradients
+    except Exception as exc:  # noqa: BLE001
+        return f"with inputs that require gradients it raised {_exception(exc)}"
+    if not (isinstance(value, Tensor) and value.requires_grad):
+        return None  # nothing to differentiate: a count, or an answer computed without autograd
+    try:
+        value.sum().backward()
+    except Exception as exc:  # noqa: BLE001
+        return f"the backward pass raised {_exception(exc)}"
+    return None
+
+
+def collect_answers(fn: Callable[..., Any], cases: Sequence[Case]) -> Answers:
+    """Step 1 of a check: the student's answers, all computed before any reference is.
+
+    The first case with float tensors among its inputs runs once more with gradients and a
+    backward pass: an in-place change that breaks autograd shows there.
+    """
+    found = tuple(answer(fn, case) for case in cases)
+    graded = next((i for i, c in enumerate(cases) if _float_tensors((c.args, c.kwargs))), None)
+    gradient = None
+    if graded is not None and found[graded].error is None and not found[graded].not_implemented:
+        gradient = _gradient_problem(fn, cases[graded])
+    module, name = getattr(fn, "__module__", None) or "", getattr(fn, "__qualname__", None) or ""
+    return Answers(found, gradient, graded, f"{module}.{name}" if module and name else name)
+
+
+def _type_name(x: Any) -> str:
+    return x.type_name if isinstance(x, Unsupported) else type(x).__name__
 
 
 def _number_problem(got: Any, expected: float, expect: Expect) -> str | None:
@@ -195,18 +402,18 @@ def _number_problem(got: Any, expected: float, expect: Expect) -> str | None:
             return f"expected one number, got a tensor of shape {shape(got)}"
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        return f"expected a number, got {type(got).__name__}"
+        return f"expected a number, got {_type_name(got)}"
     got = float(got)
     if math.isclose(got, expected, rel_tol=expect.rtol, abs_tol=expect.atol):
         return None
     if expect.integer and not got.is_integer():
         return f"expected a whole number ({_fmt(expected)}), got {_fmt(got)}"
-    return f"expected {_fmt(expected)}, got {_fmt(got)}"
+    return "expected {}, got {}".format(*_pair(expected, got))
 
 
 def _tensor_problem(got: Any, expected: Tensor, expect: Expect) -> str | None:
     if not isinstance(got, Tensor):
-        return f"expected a torch.Tensor, got {type(got).__name__}"
+        return f"expected a torch.Tensor, got {_type_name(got)}"
     if got.shape != expected.shape:
         return f"expected shape {shape(expected)}, got {shape(got)}"
     if expect.integer and (got.is_floating_point() or got.is_complex()):
@@ -219,11 +426,12 @@ def _tensor_problem(got: Any, expected: Tensor, expect: Expect) -> str | None:
     error = torch.where(close, torch.zeros_like(g), (g - e).abs().nan_to_num(nan=math.inf))
     flat = int(error.argmax())
     if g.ndim == 0:
-        return f"expected {_fmt(e.item())}, got {_fmt(g.item())}"
+        return "expected {}, got {}".format(*_pair(e.item(), g.item()))
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape))
+    expected_text, got_text = _pair(e[index].item(), g[index].item())
     return (
         f"values differ from the reference: max error {_fmt(error.max().item())} at index {index} "
-        f"(expected {_fmt(e[index].item())}, got {_fmt(g[index].item())})"
+        f"(expected {expected_text}, got {got_text})"
     )
 
 
@@ -237,96 +445,112 @@ def problem(got: Any, expected: Any, expect: Expect) -> str | None:
 
 
 def _call(fn: Callable[..., Any], case: Case) -> Any:
+    """The reference's or a known wrong answer's output on a copy of the case's inputs."""
     with torch.no_grad():
         return fn(*_clone(case.args), **_clone(case.kwargs))
 
 
-def _matches_everywhere(
-    wrong: KnownWrong, answers: dict[int, Any], fn: Callable[..., Any], cases: Sequence[Case], expect: Expect
-) -> bool:
-    """Whether the student's answer equals this wrong answer on every case where both run."""
-    for number, case in enumerate(cases):
-        try:
-            if number not in answers:
-                answers[number] = _call(fn, case)
-            wrong_answer = _call(wrong.fn, case)
-        except Exception:  # noqa: BLE001 - no evidence either way from this case
-            continue
-        if problem(answers[number], wrong_answer, expect) is not None:
-            return False
-    return True
+def _usable(found: Answer) -> bool:
+    return found.error is None and not found.not_implemented
 
 
-def _known_wrong(
-    failed: int, answers: dict[int, Any], fn: Callable[..., Any], cases: Sequence[Case],
-    known_wrong: Sequence[KnownWrong], expect: Expect,
-) -> KnownWrong | None:  # fmt: skip
+def _known_wrong(failed: int, answers: Answers, spec: CheckSpec) -> KnownWrong | None:
     """The known wrong answer the student's answer matches on the failing case.
 
-    When several match there, the first that also matches on every other case wins
-    (two mistakes can agree on one case and not on the next).
+    When several match there, the first that also matches on every other case where both
+    run wins (two mistakes can agree on one case and not on the next).
     """
     candidates = []
-    for wrong in known_wrong:
+    for wrong in spec.known_wrong:
         try:
-            wrong_answer = _call(wrong.fn, cases[failed])
+            wrong_answer = _call(wrong.fn, spec.cases[failed])
         except Exception:  # noqa: BLE001 - a wrong answer that cannot run on this case is not this one
             continue
-        if problem(answers[failed], wrong_answer, expect) is None:
+        if problem(answers.cases[failed].value, wrong_answer, spec.expect) is None:
             candidates.append(wrong)
-    if len(candidates) > 1:
-        for wrong in candidates:
-            if _matches_everywhere(wrong, answers, fn, cases, expect):
-                return wrong
+    for wrong in candidates if len(candidates) > 1 else ():
+        if all(_matches(wrong, answers, spec, number) for number in range(len(spec.cases))):
+            return wrong
     return candidates[0] if candidates else None
 
 
-def _evaluate(
-    name: str,
-    fn: Any,
-    cases: Sequence[Case],
-    reference: Callable[..., Any],
-    known_wrong: Sequence[KnownWrong],
-    expect: Expect,
-) -> CheckResult:
-    if not callable(fn):
-        return CheckResult(
-            name, "failed", f"FAIL {name}: expected a function to check, got {type(fn).__name__}",
-            cases_passed=0, cases_total=len(cases),
-        )  # fmt: skip
-    answers: dict[int, Any] = {}
+def _matches(wrong: KnownWrong, answers: Answers, spec: CheckSpec, number: int) -> bool:
+    """Whether the answer to case ``number`` is this wrong answer (true where either does not run)."""
+    if not _usable(answers.cases[number]):
+        return True
+    try:
+        wrong_answer = _call(wrong.fn, spec.cases[number])
+    except Exception:  # noqa: BLE001 - no evidence either way from this case
+        return True
+    return problem(answers.cases[number].value, wrong_answer, spec.expect) is None
+
+
+def _changed_message(changed: Sequence[str]) -> str:
+    names = ", ".join(f"`{name}`" for name in changed)
+    return (
+        f"changed its input {names} in place: the caller's tensors must stay as they were "
+        "(write x = x + y, not x += y or x[...] = ...)"
+    )
+
+
+def evaluate(spec: CheckSpec, answers: Answers) -> CheckResult:
+    """Step 2 of a check: compute the references and compare them with ``answers``.
+
+    A case counts as passed when its answer matches the reference and the function left
+    its inputs as they were; the case run with gradients also needs its backward pass to work.
+
+    Raises:
+        ValueError: ``answers`` has not one answer per case of ``spec``.
+    """
+    name, cases = spec.name, spec.cases
+    if len(answers.cases) != len(cases):
+        raise ValueError(f"{name}: expected {len(cases)} answers (one per case), got {len(answers.cases)}")
     first: CheckResult | None = None  # the result the first differing case gives
     passed = 0
-    for number, case in enumerate(cases):
+    for number, (case, found) in enumerate(zip(cases, answers.cases, strict=True)):
         where = f"case {number + 1}/{len(cases)}: {case.label}"
-        expected = _call(reference, case)
-        try:
-            answers[number] = _call(fn, case)
-        except NotImplementedError:
+        if found.not_implemented:
             if first is None:
                 at = "" if number == 0 else f" [{where}]"
                 first = CheckResult(name, "not implemented", f"TODO {name}{at}: not implemented yet", case=case.label)
             continue
-        except Exception as exc:  # noqa: BLE001 - any crash of the student's code is a failed check
+        if found.error is not None:
             if first is None:
-                first = CheckResult(name, "failed", f"FAIL {name} [{where}]: raised {_one_line(exc)}", case=case.label)
+                at = f"; {found.where}" if found.where else ""
+                first = CheckResult(name, "failed", f"FAIL {name} [{where}{at}]: raised {found.error}", case=case.label)
             continue
-        what = problem(answers[number], expected, expect)
+        expected = _call(spec.reference, case)
+        differs = problem(found.value, expected, spec.expect)
+        what = differs
+        if what is None and found.changed:
+            what = _changed_message(found.changed)
+        elif what is None and answers.gradient is not None and number == answers.gradient_case:
+            what = f"{answers.gradient} (an in-place operation on a tensor that autograd needs breaks training)"
+            where = f"{where}, with gradients"
         if what is None:
             passed += 1
             continue
         if first is not None:
             continue  # the message names the first differing case only
-        wrong = _known_wrong(number, answers, fn, cases, known_wrong, expect)
+        wrong = _known_wrong(number, answers, spec) if differs is not None else None
         if wrong is not None:
-            tag = f"Pitfall {wrong.erratum}" if wrong.erratum is not None else "a known mistake"
+            tag = f"Pitfall {wrong.pitfall}" if wrong.pitfall is not None else "a known mistake"
             message = f"FAIL {name} [{where}]: {tag}: {wrong.message}"
-            first = CheckResult(name, "failed", message, case=case.label, erratum=wrong.erratum)
+            first = CheckResult(name, "failed", message, case=case.label, pitfall=wrong.pitfall)
         else:
             first = CheckResult(name, "failed", f"FAIL {name} [{where}]: {what}", case=case.label)
     if first is None:
-        first = CheckResult(name, "passed", f"PASS {name}: all {len(cases)} cases match the reference")
+        note = f" {spec.pass_note.strip()}" if spec.pass_note.strip() else ""
+        first = CheckResult(name, "passed", f"PASS {name}: all {len(cases)} cases match the reference{note}")
     return dataclasses.replace(first, cases_passed=passed, cases_total=len(cases))
+
+
+def not_a_function(name: str, fn: Any, cases: int) -> CheckResult:
+    """The result of a check given something that cannot be called."""
+    return CheckResult(
+        name, "failed", f"FAIL {name}: expected a function to check, got {type(fn).__name__}",
+        cases_passed=0, cases_total=cases,
+    )  # fmt: skip
 
 
 def show(result: CheckResult) -> None:
@@ -335,13 +559,35 @@ def show(result: CheckResult) -> None:
         try:
             from IPython.core.getipython import get_ipython
             from IPython.display import display
-        except ImportError:  # pragma: no cover - the grader's kernels always have IPython
+        except ImportError:  # pragma: no cover - IPython comes with every kernel
             pass
         else:
             if get_ipython() is not None:
                 display({"text/plain": result.message, DATA_MIME: result.to_dict()}, raw=True)
                 return
     print(result.message)
+
+
+class SpecRequest:
+    """Give this to a check instead of a function to get its :class:`CheckSpec` (:func:`check_spec`)."""
+
+    def __init__(self) -> None:
+        self.spec: CheckSpec | None = None
+
+
+def check_spec(check: Callable[[Any], Any]) -> CheckSpec:
+    """The spec of a check function (``vitlab.checks.split_heads``); by name: :func:`vitlab.checks.check_spec`.
+
+    Nothing runs but the check's own code that builds its cases; no student function is called.
+
+    Raises:
+        ValueError: a check that is not built on :func:`run_check`.
+    """
+    request = SpecRequest()
+    check(request)
+    if request.spec is None:
+        raise ValueError(f"{check!r} is not a check built on vitlab.checks._core.run_check")
+    return request.spec
 
 
 def run_check(
@@ -357,17 +603,23 @@ def run_check(
     """Run ``fn`` on every case against ``reference``; show one line; return the result.
 
     ``pass_note`` is added to a PASS line after a space, e.g. ``"(the check compares
-    values only: it cannot tell whether you used F.unfold)"``. A check that builds its
-    result another way (``_evaluate`` then :func:`dataclasses.replace`) shows it with
-    :func:`show`, so that a grader still gets the result as data.
+    values only: it cannot tell whether you used F.unfold)"``.
 
-    Every case runs, so the result counts the cases that match (``cases_passed`` of
-    ``cases_total``, the partial credit); the line names the first case that differs. The
-    known wrong answers are tried on that case; the one the answer matches is reported
-    (the first in order that matches on every case, if several match on that one).
+    The student's answers are all computed first (:func:`collect_answers`), the references
+    after (:func:`evaluate`). Every case runs, so the result counts the cases that match
+    (``cases_passed`` of ``cases_total``, the partial credit); the line names the first
+    case that differs. The known wrong answers are tried on that case; the one the answer
+    matches is reported (the first in order that matches on every case, if several match
+    on that one). Given a :class:`SpecRequest` instead of a function, it stores the spec
+    there and returns a result that says so, without running or showing anything.
     """
-    result = _evaluate(name, fn, cases, reference, known_wrong, expect)
-    if pass_note and result.passed:
-        result = dataclasses.replace(result, message=f"{result.message} {pass_note.strip()}")
+    spec = CheckSpec(name, tuple(cases), reference, tuple(known_wrong), expect, pass_note)
+    if isinstance(fn, SpecRequest):
+        fn.spec = spec
+        return CheckResult(name, "not implemented", f"TODO {name}: the spec was requested, nothing ran")
+    if not callable(fn):
+        result = not_a_function(name, fn, len(spec.cases))
+    else:
+        result = evaluate(spec, collect_answers(fn, spec.cases))
     show(result)
     return result
