@@ -9,10 +9,11 @@ Then four variants run in alternation, one forward pass of ``--batch-size`` imag
 each, round after round (the starting variant rotates every round, so no variant always
 runs first after another one heated the caches):
 
-* ``vitlab explicit``: vitlab with ``softmax(q k^T * scale) v`` written out;
-* ``vitlab fused``: vitlab with ``F.scaled_dot_product_attention`` (only the layers that have
-  both paths switch, see :func:`vitlab.set_fused_attention`; a model without any such layer
-  gets one row, ``vitlab``);
+* ``vitlab explicit``: vitlab with ``softmax(q k^T * scale) v`` written out, every speed path
+  off (:func:`vitlab.set_fused_attention` with ``False``: also CaiT's one-kernel head mixing
+  and LeViT's kernel choice and cached bias);
+* ``vitlab fused``: vitlab as it runs by default, with ``F.scaled_dot_product_attention`` and
+  every other speed path (a model without any switchable layer gets one row, ``vitlab``);
 * ``timm`` / ``hf``: the reference, in its default configuration;
 * ``timm (control)`` / ``hf (control)``: a second instance of the reference, built the same
   way and given the same weights, timed as a fourth variant. Its ratio to the reference
@@ -64,8 +65,10 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -74,9 +77,11 @@ from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch
 
 import vitlab
 from vitlab.family import FAMILIES, count_macs, family_of
-from vitlab.references import hf_config_fields
 from vitlab.registry import SOURCES
 from vitlab.utils import count_parameters
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' reference helpers
+from references import hf_config_fields  # noqa: E402
 
 DEFAULT_MODELS = ("vit_small_patch16_224", "vit_base_patch16_224")
 

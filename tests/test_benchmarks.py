@@ -13,6 +13,7 @@ from vitlab.family import FAMILIES, count_macs, family_of
 from vitlab.utils import count_parameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import levit_kernels  # noqa: E402
 import throughput  # noqa: E402
 from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch  # noqa: E402
 
@@ -118,3 +119,12 @@ def test_a_short_run_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> N
     rows = [line for line in out.splitlines() if line.startswith("| levit_128s |")]
     assert len(rows) == 2, out  # the timm table and the vit-pytorch table
     assert "| 7.78 / 6.98 | 0.305 / 0.385 |" in rows[1]
+
+
+def test_the_levit_kernel_check_reports_both_maps(capsys: pytest.CaptureFixture[str]) -> None:
+    # Which kernel PyTorch picks is not asserted here (benchmarks/levit_kernels.py checks it);
+    # only that the check profiles both layers and that its exit status follows its verdicts.
+    status = levit_kernels.main()
+    lines = [line for line in capsys.readouterr().out.splitlines() if "maps" in line]
+    assert [line.split(" maps")[0].split()[-1] for line in lines] == ["144", "36"]
+    assert status == (0 if all(line.startswith("ok") for line in lines) else 1)

@@ -13,6 +13,7 @@ from torch import nn
 import vitlab
 from conftest import assert_same_logits, count_on_meta, load_reference, random_images, timm_model
 from vitlab.layers import ClassAttention, explicit_attention
+from vitlab.models import cait
 from vitlab.models.cait import (
     CaiTConfig,
     HeadMixing,
@@ -129,10 +130,22 @@ def test_talking_heads_with_identity_mixing_is_standard_attention() -> None:
     torch.testing.assert_close(out, layer.proj(rearrange(expected, "B h N d -> B N (h d)")))
 
 
-def test_talking_heads_have_no_fused_switch() -> None:
-    model = vitlab.create_model("cait_xxs24_224", depth=1)
-    vitlab.set_fused_attention(model, False)
-    assert not hasattr(model.blocks[0].attn, "fused_attn")
+def test_the_switch_reaches_the_talking_heads_fast_mixing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # set_fused_attention(model, False) turns off the head mixing's speed path too; the
+    # outputs stay the same (tests/test_contract.py checks every family).
+    model = vitlab.create_model("cait_xxs24_224", depth=1, depth_token_only=1).eval()
+    calls = []
+    monkeypatch.setattr(cait, "mix_heads_fast", lambda *args: calls.append(1) or mix_heads(*args))
+    images = random_images(1)
+    with torch.no_grad():
+        fast = vitlab.set_fused_attention(model, True)(images)
+        assert len(calls) == 2  # proj_l and proj_w of the one talking-heads block
+        plain = vitlab.set_fused_attention(model, False)(images)
+        assert len(calls) == 2 and model.blocks[0].attn.fused_attn is False
+    torch.testing.assert_close(plain, fast, atol=1e-5, rtol=1e-5)
+    model.blocks[0].attn.fused_attn = True
+    model.blocks[0].attn(torch.randn(1, 196, 192), return_attn=True)  # return_attn takes the plain path
+    assert len(calls) == 2
 
 
 def test_layer_scale_init_by_total_depth() -> None:
@@ -191,7 +204,7 @@ def test_head_mixing_is_a_linear_layer_on_the_head_axis(bias: bool, heads_out: i
     plain = nn.Linear(4, heads_out, bias=bias)
     plain.load_state_dict(mixing.state_dict())
     maps = torch.randn(2, 4, 7, 5, requires_grad=True)
-    fast = mixing(maps)
+    fast = mixing(maps, fast=True)
     slow = rearrange(plain(rearrange(maps, "B h i j -> B i j h")), "B i j h -> B h i j")
     assert fast.shape == (2, heads_out, 7, 5)
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
@@ -217,6 +230,4 @@ def test_head_mixing_fast_path_equals_the_plain_form(bias: bool) -> None:
     layer = HeadMixing(4, 6, bias=bias)
     b = layer.bias if bias else None
     torch.testing.assert_close(mix_heads_fast(maps, layer.weight, b), mix_heads(maps, layer.weight, b))
-    fast = layer(maps)
-    layer.fast_path = False
-    torch.testing.assert_close(layer(maps), fast)
+    torch.testing.assert_close(layer(maps, fast=True), layer(maps))

@@ -9,8 +9,8 @@ from torch import nn
 
 import vitlab
 from conftest import assert_same_logits, count_on_meta, load_reference, random_images, require_reference
+from references import hf_config_fields
 from vitlab.models.cvt import ConvAttention, ConvProjection, CvTConfig, convert_hf
-from vitlab.references import hf_config_fields
 
 CVT_NAMES = ["cvt_13", "cvt_21", "cvt_w24_384"]
 
@@ -84,7 +84,7 @@ def test_hf_weights_give_same_logits_w24_shape() -> None:
     # W24's widths and heads (3/12/16), shallow: the full 277M-parameter model at 384 px
     # would cost minutes on CPU and test nothing the shallow one does not.
     reference = hf_cvt("cvt_w24_384", depth=list(HF_SHALLOW))
-    model = load_reference("cvt_w24_384", reference, "hf", depths=HF_SHALLOW)
+    model = load_reference("cvt_w24_384", reference, "hf", depth=HF_SHALLOW)
     assert_same_logits(model, reference, random_images(1, 64))
 
 
@@ -93,7 +93,7 @@ def test_hf_mean_pool_variant() -> None:
     # HF's own forward crashes on that branch (`outputs[1]` of an output without a cls token),
     # so the reference logits are its encoder -> layernorm -> mean -> classifier, by hand.
     reference = hf_cvt("cvt_13", depth=list(HF_SHALLOW), cls_token=[False, False, False])
-    model = load_reference("cvt_13", reference, "hf", depths=HF_SHALLOW, class_token=False)
+    model = load_reference("cvt_13", reference, "hf", depth=HF_SHALLOW, class_token=False)
     images = random_images(2, 64)
     with torch.no_grad():
         tokens = reference.cvt(images).last_hidden_state.flatten(2).transpose(1, 2)  # (B, N, D)
@@ -126,8 +126,8 @@ def test_scale_is_embed_dim_and_head_dim_differs_only_with_heads() -> None:
     assert ConvAttention(384, num_heads=6, qk_scale="head_dim").scale == pytest.approx(64**-0.5)
     images = random_images(1, 64)
     for heads, same in (((1, 1, 1), True), ((1, 3, 6), False)):
-        a = vitlab.create_model("cvt_13", depths=(1, 1, 1), num_heads=heads).eval()
-        b = vitlab.create_model("cvt_13", depths=(1, 1, 1), num_heads=heads, qk_scale="head_dim").eval()
+        a = vitlab.create_model("cvt_13", depth=(1, 1, 1), num_heads=heads).eval()
+        b = vitlab.create_model("cvt_13", depth=(1, 1, 1), num_heads=heads, qk_scale="head_dim").eval()
         b.load_state_dict(a.state_dict())
         with torch.no_grad():
             assert torch.allclose(a(images), b(images), atol=1e-6) == same
@@ -148,7 +148,7 @@ def test_conv_projection_is_depthwise() -> None:
 
 
 def test_stage_shapes_and_no_position_embedding() -> None:
-    model = vitlab.create_model("cvt_13", depths=(1, 1, 1)).eval()
+    model = vitlab.create_model("cvt_13", depth=(1, 1, 1)).eval()
     assert not any("pos_embed" in name for name, _ in model.named_parameters())
     x = random_images(1, 224)
     shapes = []
@@ -162,7 +162,7 @@ def test_stage_shapes_and_no_position_embedding() -> None:
 
 
 def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None:
-    model = vitlab.create_model("cvt_13", depths=(1, 2, 2)).eval()
+    model = vitlab.create_model("cvt_13", depth=(1, 2, 2)).eval()
     images = random_images(1, 224)
     with torch.no_grad():
         assert model.forward_features(images).shape == (1, 1 + 14 * 14, 384)
@@ -171,14 +171,14 @@ def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None
 
 
 def test_mean_pool_model_has_no_cls_token() -> None:
-    with_cls = vitlab.create_model("cvt_13", depths=(1, 1, 1))
-    without = vitlab.create_model("cvt_13", depths=(1, 1, 1), class_token=False, num_classes=5).eval()
+    with_cls = vitlab.create_model("cvt_13", depth=(1, 1, 1))
+    without = vitlab.create_model("cvt_13", depth=(1, 1, 1), class_token=False, num_classes=5).eval()
     assert vitlab.count_parameters(with_cls) - vitlab.count_parameters(without) == 384 + (1000 - 5) * 385
     assert without(random_images(1, 64)).shape == (1, 5)
 
 
 def test_train_mode_with_drop_path_backprops() -> None:
-    model = vitlab.create_model("cvt_13", depths=(1, 1, 2), drop_path_rate=0.1, drop_rate=0.1, num_classes=4).train()
+    model = vitlab.create_model("cvt_13", depth=(1, 1, 2), drop_path_rate=0.1, drop_rate=0.1, num_classes=4).train()
     assert model.stages[2].blocks[1].drop_path1.drop_prob == pytest.approx(0.1)
     assert isinstance(model.stages[0].blocks[0].drop_path1, nn.Identity)
     model(random_images(2, 64)).logsumexp(-1).mean().backward()
@@ -189,7 +189,7 @@ def test_train_mode_with_drop_path_backprops() -> None:
 def test_smallest_image_size_runs() -> None:
     config = CvTConfig()
     assert config.min_img_size == 11 and config.stage_sizes(11) == [3, 2, 1]
-    model = vitlab.create_model("cvt_13", depths=(1, 1, 1)).eval()
+    model = vitlab.create_model("cvt_13", depth=(1, 1, 1)).eval()
     assert model(random_images(1, 11)).shape == (1, 1000)
 
 
@@ -198,7 +198,7 @@ def test_smallest_image_size_runs() -> None:
 
 @pytest.mark.parametrize("size, maps", [((8, 8), "2x2 -> 1x1 -> 1x1"), ((224, 9), "56x2 -> 28x1 -> 14x1")])
 def test_image_too_small(size: tuple[int, int], maps: str) -> None:
-    model = vitlab.create_model("cvt_13", depths=(1, 1, 1))
+    model = vitlab.create_model("cvt_13", depth=(1, 1, 1))
     msg = rf"image size {size[0]}x{size[1]} is too small .*would be {maps}.*smallest size is 11x11"
     with pytest.raises(ValueError, match=msg):
         model(random_images(1, size))
@@ -206,9 +206,9 @@ def test_image_too_small(size: tuple[int, int], maps: str) -> None:
 
 def test_config_errors() -> None:
     with pytest.raises(ValueError, match=r"embed dim 200 is not divisible by num_heads 3"):
-        CvTConfig(embed_dims=(64, 200, 384))
-    with pytest.raises(ValueError, match=r"one entry per stage.*'depths': 2"):
-        CvTConfig(depths=(1, 2))
+        CvTConfig(embed_dim=(64, 200, 384))
+    with pytest.raises(ValueError, match=r"one entry per stage.*'depth': 2"):
+        CvTConfig(depth=(1, 2))
     with pytest.raises(ValueError, match=r"kernel_qkv must be odd .*got 4"):
         CvTConfig(kernel_qkv=4)
     with pytest.raises(ValueError, match=r"qk_scale must be 'embed_dim' or 'head_dim', got 'dim'"):
@@ -217,13 +217,14 @@ def test_config_errors() -> None:
         ConvAttention(64, num_heads=1, qk_scale="dim")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"img_size 8 is too small .*smallest size is 11"):
         CvTConfig(img_size=8)
-    with pytest.raises(ValueError, match=r"patch_paddings must be >= 0, got \(-1, 1, 1\)"):
-        CvTConfig(patch_paddings=(-1, 1, 1))
+    with pytest.raises(ValueError, match=r"patch_padding must be >= 0, got \(-1, 1, 1\)"):
+        CvTConfig(patch_padding=(-1, 1, 1))
 
 
 def test_unknown_override() -> None:
-    with pytest.raises(TypeError, match=r"CvTConfig has no field\(s\) \['embed_dim'\]"):
-        vitlab.create_model("cvt_13", embed_dim=64)
+    # The per-stage fields once had plural names; the old name is rejected, not ignored.
+    with pytest.raises(TypeError, match=r"CvTConfig has no field\(s\) \['embed_dims'\]"):
+        vitlab.create_model("cvt_13", embed_dims=(64, 192, 384))
 
 
 def test_list_models_has_the_cvt_presets() -> None:

@@ -10,6 +10,7 @@ from einops import rearrange
 from vitlab.layers import (
     Attention,
     Block,
+    ClassAttention,
     DropPath,
     LayerScale,
     Mlp,
@@ -20,6 +21,7 @@ from vitlab.layers import (
     explicit_attention,
     fused_attention,
     patchify,
+    record_attention_maps,
     sincos_1d_position_embedding,
     sincos_2d_position_embedding,
     unpatchify,
@@ -169,3 +171,30 @@ def test_classifier_head_and_num_classes_check() -> None:
         classifier_head(8, -2)
     with pytest.raises(ValueError, match=r"got True"):
         check_num_classes(True)  # type: ignore[arg-type]
+
+
+def test_record_attention_maps_collects_each_layer_once_on_the_explicit_path() -> None:
+    torch.manual_seed(0)
+    blocks = torch.nn.Sequential(Block(16, num_heads=2, attn_drop=0.5), Block(16, num_heads=4)).train()
+    x = torch.randn(2, 5, 16)
+    records = record_attention_maps(blocks, x)
+    assert [(r.path, r.kind, r.is_distribution, r.unmixed) for r in records] == [
+        ("0.attn", "self", True, None),
+        ("1.attn", "self", True, None),
+    ]
+    assert [tuple(r.attn.shape) for r in records] == [(2, 2, 5, 5), (2, 4, 5, 5)]
+    assert blocks.training and all(m.training for m in blocks.modules())  # the mode is restored
+    with torch.no_grad():
+        first = blocks[0].eval()(x)
+        _, expected = blocks[1].eval().attn(blocks[1].norm1(first), return_attn=True)
+    torch.testing.assert_close(records[1].attn, expected)  # eval mode: attention dropout off
+    assert all(r.attn.grad_fn is None for r in records)
+
+
+def test_record_attention_maps_needs_an_attention_layer_and_kinds_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"Linear has no attention layer \(no module with an attn_kind\)"):
+        record_attention_maps(torch.nn.Linear(2, 2), torch.randn(1, 2))
+    assert ClassAttention(8, num_heads=2).attn_kind == "class"
+    assert ClassAttention(8, num_heads=2, kind="cross").attn_kind == "cross"
+    with pytest.raises(ValueError, match=r"kind must be 'class' or 'cross', got 'self'"):
+        ClassAttention(8, num_heads=2, kind="self")

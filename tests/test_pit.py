@@ -132,10 +132,11 @@ def test_pooling_conv_is_two_filters_per_channel() -> None:
 # ---------------------------------------------------------------- bad input
 
 
-def test_heads_must_be_positive() -> None:
-    # Channels are base_dim * heads, so heads always divide them: only heads <= 0 can fail.
+def test_heads_must_be_positive_and_divide_the_channels() -> None:
     with pytest.raises(ValueError, match=r"num_heads must be positive, got 0"):
-        PiTConfig(heads=(3, 0, 12))
+        PiTConfig(num_heads=(3, 0, 12))
+    with pytest.raises(ValueError, match=r"embed dim 288 is not divisible by num_heads 5"):
+        PiTConfig(num_heads=(3, 5, 12))
 
 
 def test_mismatched_stage_tuples() -> None:
@@ -144,8 +145,8 @@ def test_mismatched_stage_tuples() -> None:
 
 
 def test_non_positive_sizes() -> None:
-    with pytest.raises(ValueError, match=r"must be positive, got stride=8, base_dims=\(48, 0, 48\)"):
-        PiTConfig(base_dims=(48, 0, 48))
+    with pytest.raises(ValueError, match=r"must be positive, got stride=8, embed_dim=\(144, 0, 576\)"):
+        PiTConfig(embed_dim=(144, 0, 576))
 
 
 def test_image_smaller_than_the_stem() -> None:

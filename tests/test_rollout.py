@@ -1,4 +1,8 @@
-"""vitlab.rollout: attention rollout (Abnar and Zuidema, 2020) on hand-made maps and on every family."""
+"""vitlab.rollout: attention rollout (Abnar and Zuidema, 2020) on hand-made maps and on every family.
+
+That the rollout leaves the model as it found it (modes, BatchNorm statistics) and runs no
+module twice is checked for every family in tests/test_contract.py.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,17 @@ import pytest
 import torch
 
 import vitlab
+from vitlab import rollout
+from vitlab.contract import AttentionMap
 from vitlab.family import FAMILIES, TINY_CONFIGS, TINY_IMAGE_SIZE, tiny_model
-from vitlab.layers import collect_attention_maps
+from vitlab.layers import collect_attention_maps, record_attention_maps
 from vitlab.rollout import (
     attention_rollout,
-    class_token_relevance,
     cls_rollout_map,
     compose_class_attention,
     model_rollout,
+    rollout_maps,
+    rollout_relevance,
     spread_squeezed_keys,
 )
 
@@ -81,6 +88,47 @@ def test_bad_maps_raise_naming_shapes(maps: object, match: str) -> None:
         attention_rollout(maps)
 
 
+def test_maps_that_are_not_distributions_are_refused() -> None:
+    maps = random_maps(2, 1, 2, 4)
+    mixed = torch.einsum("gh,bhij->bgij", torch.tensor([[1.5, -0.5], [-0.3, 1.0]]), maps[1])  # talking heads
+    with pytest.raises(ValueError, match=r"attn_maps\[1\] is not a distribution over the keys \(row sums from"):
+        attention_rollout([maps[0], mixed])
+    negative = maps[0].clone()
+    negative[0, 0, 0, :2] += torch.tensor([0.5, -0.5])  # rows still sum to 1, one weight below 0
+    with pytest.raises(ValueError, match=r"smallest weight -"):
+        attention_rollout([negative])
+    with pytest.raises(ValueError, match=r"the class-attention map is not a distribution"):
+        compose_class_attention(torch.ones(1, 5) / 5, torch.full((1, 2, 1, 5), 0.5), torch.rand(1, 4, 5))
+
+
+def test_rollout_reads_the_softmax_maps_before_the_mixing() -> None:
+    softmax = random_maps(1, 1, 2, 3)[0]
+    mixed = AttentionMap(2 * softmax - 0.1, "blocks.0.attn", "mixed", False, softmax)
+    plain = AttentionMap(softmax, "blocks.1.attn", "self", True)
+    read = rollout_maps([mixed, plain])
+    assert [(r.path, r.kind, r.is_distribution) for r in read] == [("blocks.0.attn", "mixed", True)] + [
+        ("blocks.1.attn", "self", True)
+    ]
+    assert read[0].attn is softmax and read[1] is plain
+    with pytest.raises(ValueError, match=r"the map of blocks.0.attn \(re-attention\) is not a distribution"):
+        rollout_maps([AttentionMap(softmax, "blocks.0.attn", "re-attention", False)])
+
+
+@pytest.mark.parametrize("family", ["cait", "deepvit"])
+def test_mixed_families_roll_out_their_unmixed_softmax_maps(family: str) -> None:
+    model = tiny_model(family, in_chans=3).eval()
+    images = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    records = record_attention_maps(model, images)
+    assert any(not r.is_distribution for r in records)
+    with pytest.raises(ValueError, match="is not a distribution"):  # the maps as the model applies them
+        attention_rollout([r.attn for r in records if r.kind != "class"])
+    relevance = rollout_relevance(model, images)
+    assert (relevance.row >= 0).all()
+    if family == "deepvit":  # one stage of square maps: the plain rollout of the unmixed maps
+        expected = attention_rollout([r.attn for r in rollout_maps(records)])[:, 0]
+        torch.testing.assert_close(relevance.row, expected)
+
+
 def test_bad_options_raise() -> None:
     maps = random_maps(1, 1, 1, 3)
     with pytest.raises(ValueError, match="head_fusion must be 'mean', 'max' or 'min', got 'sum'"):
@@ -119,7 +167,8 @@ def test_model_rollout_on_every_family_via_the_contract(family: str) -> None:
     # patch part, on the grid, is what model_rollout returns.
     model = tiny_model(family, in_chans=3)
     images = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
-    relevance = class_token_relevance(model, images)
+    relevance = rollout_relevance(model, images)
+    assert relevance.query == ("mean over the tokens" if family == "levit" else "class token")
     assert relevance.row.ndim == 2 and relevance.row.shape[0] == 2
     assert torch.isfinite(relevance.row).all()
     torch.testing.assert_close(relevance.row.sum(-1), torch.ones(2))
@@ -128,7 +177,22 @@ def test_model_rollout_on_every_family_via_the_contract(family: str) -> None:
     assert grid.shape == (2, h, w) and h == w
     start = relevance.start
     torch.testing.assert_close(grid, relevance.row[:, start : start + h * w].reshape(2, h, w))
-    assert ((grid >= 0) & (grid <= 1)).all() or family in ("deepvit", "cait")  # mixed heads: no probabilities
+    assert ((grid >= 0) & (grid <= 1)).all()
+
+
+def test_a_model_without_class_token_gets_the_mean_of_all_rows() -> None:
+    # LeViT classifies the mean of its tokens: its relevance is the mean row, not token 0's.
+    model = vitlab.create_model("levit_128s", img_size=96, embed_dim=(16, 24, 32), key_dim=8, num_heads=(2, 2, 3),
+                                depth=(1, 1, 2), num_classes=10)  # fmt: skip
+    images = torch.randn(1, 3, 96, 96, generator=torch.Generator().manual_seed(0))
+    relevance = rollout_relevance(model, images)
+    maps = model.get_attention_maps(images)
+    last_stage = maps[-2:]  # 2 blocks of 2x2 tokens
+    assert [m.shape[-1] for m in last_stage] == [4, 4] and maps[-3].shape[-2:] == (4, 9)  # shrink 3x3 -> 2x2
+    expected = attention_rollout(last_stage).mean(dim=1)
+    assert relevance.query == "mean over the tokens" and relevance.grid_size == (2, 2) and relevance.start == 0
+    torch.testing.assert_close(relevance.row, expected)
+    assert not torch.allclose(expected, attention_rollout(last_stage)[:, 0])
 
 
 def test_cait_class_attention_composed_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,13 +207,18 @@ def test_cait_class_attention_composed_by_hand(monkeypatch: pytest.MonkeyPatch) 
     ca2 = torch.tensor([0, 0, 0.5, 0.5, 0]).view(1, 1, 1, 5)  # patches 1 and 2
     # mixed = 0.5 [0, .5, .5, 0, 0] + 0.5 [0, .5, 0, .5, 0] = [0, .5, .25, .25, 0];
     # c = 0.5 mixed + 0.5 [.75, .25, 0, 0, 0] = [.375, .375, .125, .125, 0].
-    monkeypatch.setattr(model, "get_attention_maps", lambda x: [self_attn, ca1, ca2])
-    relevance = class_token_relevance(model, torch.zeros(1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE))
+    records = [
+        AttentionMap(self_attn, "blocks.0.attn", "self", True),
+        AttentionMap(ca1, "blocks_token_only.0.attn", "class", True),
+        AttentionMap(ca2, "blocks_token_only.1.attn", "class", True),
+    ]
+    monkeypatch.setattr(rollout, "record_attention_maps", lambda model, x: records)
+    relevance = rollout_relevance(model, torch.zeros(1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE))
     torch.testing.assert_close(relevance.row, torch.tensor([[0.375, 0.375, 0.125, 0.125, 0.0]]))
     torch.testing.assert_close(relevance.grid(), torch.tensor([[[0.375, 0.125], [0.125, 0.0]]]))
     # Without the residual every patch is patch 0: c = [0.5, 0.5, 0, 0, 0], then patches 1 and 2,
     # both patch 0 by now.
-    bare = class_token_relevance(model, torch.zeros(1, 3, 32, 32), add_residual=False)
+    bare = rollout_relevance(model, torch.zeros(1, 3, 32, 32), add_residual=False)
     torch.testing.assert_close(bare.row, torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0]]))
 
 
@@ -178,7 +247,7 @@ def test_crossvit_rollout_per_branch_over_both_inputs() -> None:
     preset, overrides = TINY_CONFIGS["crossvit"]
     model = vitlab.create_model(preset, img_size=TINY_IMAGE_SIZE, **{**overrides, "num_encoders": 2})
     images = torch.randn(1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
-    small, large = (class_token_relevance(model, images, branch=b) for b in (0, 1))
+    small, large = (rollout_relevance(model, images, branch=b) for b in (0, 1))
     assert small.row.shape == large.row.shape == (1, 17 + 5)  # [cls_S, 4x4 patches, cls_L, 2x2 patches]
     assert (small.start, small.grid_size, large.start, large.grid_size) == (1, (4, 4), 18, (2, 2))
     for relevance in (small, large):

@@ -2,7 +2,17 @@
 
 :class:`VisionModel` is written once here; ``tests/test_contract.py`` checks it for every
 family, and :mod:`vitlab.rollout` and :mod:`vitlab.family` rely on it (no ``hasattr``).
-:class:`FamilyProperties` is what each paper file states about its family in ``FAMILY``.
+:class:`AttentionMap` labels one attention map (which layer, which kind, whether its rows
+are distributions). :class:`FamilyProperties` is what each paper file states about its
+family in ``FAMILY``.
+
+Speed paths. Every layer with code that only makes it faster (PyTorch's fused attention
+kernel, CaiT's one-kernel head mixing, LeViT's CPU kernel choice and cached bias) has a
+bool attribute ``fused_attn``: ``True`` (the default) takes the speed path, ``False`` the
+readable one, the paper's formula written out. :func:`vitlab.set_fused_attention` with
+``False`` turns every one of them off, so a student stepping through a model sees only
+the formula; both give the same outputs (``tests/test_contract.py``). In each model file
+the speed code sits in one marked section after the readable code.
 """
 
 from __future__ import annotations
@@ -15,6 +25,36 @@ from torch import Tensor, nn
 Features = Tensor | list[Tensor]
 RolloutRule = Literal["blocks", "class_attention", "cross_attention", "squeezed_keys"]
 Logits = Tensor | tuple[Tensor, Tensor]
+AttentionKind = Literal["self", "class", "cross", "re-attention", "mixed"]
+
+# The kinds whose maps are not distributions: they mix the heads' softmax maps linearly
+# (CaiT's talking heads after ``proj_w``, DeepViT's re-attention after its BatchNorm), so
+# a row can have negative weights and need not sum to 1.
+MIXED_KINDS: frozenset[str] = frozenset({"re-attention", "mixed"})
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """One attention layer's map, with what it is (:func:`vitlab.layers.record_attention_maps`).
+
+    * ``attn``: ``(B, h, N_q, N_k)``, the map the layer multiplies its values with.
+    * ``path``: the layer's name in ``model.named_modules()``, e.g. ``"blocks.3.attn"``.
+    * ``kind``: ``"self"`` (queries and keys from the same tokens; LeViT's shrink attention
+      and CvT's squeezed keys included), ``"class"`` (CaiT: the class token is the one
+      query), ``"cross"`` (CrossViT: one branch's class token over the other branch's
+      patches), ``"re-attention"`` (DeepViT) or ``"mixed"`` (CaiT's talking heads).
+    * ``is_distribution``: every row is a probability distribution over the keys (the
+      softmax output); ``False`` for the kinds in :data:`MIXED_KINDS`.
+    * ``unmixed``: for those, the heads' softmax maps before the layer mixed them (the
+      input of ``proj_w`` or of ``reatten_matrix``), ``(B, h, N_q, N_k)``, rows that sum to
+      1; ``None`` for the other kinds, whose ``attn`` is already the softmax output.
+    """
+
+    attn: Tensor
+    path: str
+    kind: AttentionKind
+    is_distribution: bool
+    unmixed: Tensor | None = None
 
 
 @runtime_checkable
@@ -29,9 +69,14 @@ class VisionModel(Protocol):
     * ``forward(x) == forward_head(forward_features(x))`` (in eval mode; a distilled model
       returns a pair of logits in training mode, as its ``forward``).
     * ``get_attention_maps(x)``: one ``(B, heads, N_q, N_k)`` tensor per attention layer, in
-      forward order, each row a distribution over the keys (the explicit path's softmax
-      output, or what the layer multiplies its values with). Each model's docstring says
-      what the rows (queries) and columns (keys) index.
+      forward order: the map the layer multiplies its values with (the explicit path's
+      softmax output, or for re-attention and talking heads the heads' mix of it, whose
+      rows are not distributions). Each model's docstring says what the rows (queries) and
+      columns (keys) index. The maps are collected during one ``forward(x)`` on the
+      explicit path (no module runs more often than there), in eval mode and without
+      gradients; the model's modes, parameters and BatchNorm statistics are left as they
+      were. :func:`vitlab.layers.record_attention_maps` returns the same maps as
+      :class:`AttentionMap` records, labelled with their layer and kind.
 
     Shape: x (B, C, H, W).
     """

@@ -18,7 +18,6 @@ strides kept, widths and depths cut.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections import Counter
 from typing import Any
@@ -28,7 +27,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vitlab.contract import FamilyInfo, FamilyProperties
-from vitlab.registry import create_model, get_config, list_models, set_fused_attention
+from vitlab.factory import create_model
+from vitlab.registry import get_config, list_models, module_of, set_fused_attention
 from vitlab.utils import count_parameters
 
 
@@ -36,7 +36,7 @@ def _family_infos() -> dict[str, FamilyInfo]:
     """Family (model file) -> its ``FAMILY``, for every file in the registry, in chapter order."""
     infos = {}
     for name in list_models():
-        module = importlib.import_module(type(get_config(name)).__module__)
+        module = module_of(name)
         infos[module.__name__.rsplit(".", 1)[-1]] = module.FAMILY
     return dict(sorted(infos.items(), key=lambda item: item[1].chapter))
 
@@ -54,7 +54,7 @@ TOKEN_MIXERS: tuple[type[nn.Module], ...] = tuple(
 
 def family_of(model_name: str) -> str:
     """The family (model file) of a registered model: ``"pit"`` for ``"pit_s_224"``."""
-    return type(get_config(model_name)).__module__.rsplit(".", 1)[-1]
+    return module_of(model_name).__name__.rsplit(".", 1)[-1]
 
 
 def input_size_of(model_name: str, batch: int = 1) -> tuple[int, int, int, int]:

@@ -104,8 +104,9 @@ def set_fused_attention(model: nn.Module, flag: bool) -> nn.Module:
     """Switch every speed path of ``model`` on (``True``) or off, to the paper's formula written out.
 
     Every layer with a speed path has a bool ``fused_attn`` (see :mod:`vitlab.contract`):
-    fused attention, CaiT's head mixing, LeViT's CPU kernel choice and bias cache. Layers
-    that only have the explicit path (re-attention) are left alone. Returns ``model``.
+    fused attention, CaiT's head mixing, LeViT's CPU kernel choice and bias cache. With all
+    of them off, a student stepping through sees the formula of the paper. Layers that only
+    have the explicit path (re-attention) have nothing to switch. Returns ``model``.
     """
     if not isinstance(flag, bool):
         raise TypeError(f"flag must be a bool, got {type(flag).__name__}")

@@ -1,4 +1,4 @@
-"""Attention rollout (Abnar and Zuidema, 2020): where the class token's information comes from.
+"""Attention rollout (Abnar and Zuidema, 2020): where a token's information comes from.
 
 One attention map says how a block mixes the tokens it receives, but after the first
 block those tokens are already mixtures. Rollout follows the mixing back to the input:
@@ -13,23 +13,55 @@ Row ``i`` of ``R`` is then a distribution over the input tokens: how much of out
 MLPs and the values' projections are ignored, which is why this is an approximation).
 The class token's row, reshaped to the patch grid, is the usual picture.
 
+Rollout needs maps whose rows are distributions (non-negative, summing to 1), and refuses
+others with a ``ValueError``. Two kinds of layer mix their heads' softmax maps linearly,
+so their maps are not distributions (:class:`vitlab.contract.AttentionMap`): CaiT's
+talking heads (after ``proj_w``) and DeepViT's re-attention (after its BatchNorm).
+:func:`model_rollout` rolls out those layers' softmax maps *before* the mixing
+(``AttentionMap.unmixed``): the heads are averaged anyway, and a linear mix with
+negative weights has no reading as "how much of token j flows into token i". It is one
+more approximation, and says so.
+
 :func:`model_rollout` applies this to any registered model; the families whose maps are
 not one square map per block (CaiT, CrossViT, CvT) get a rule of their own, chosen by
-their ``FAMILY.rollout`` and written in :func:`class_token_relevance`.
+their ``FAMILY.rollout`` and written in :func:`rollout_relevance`. A model without a class
+token (LeViT) classifies the mean of its tokens, so its relevance is the mean of all
+tokens' rows, not any one token's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, NamedTuple, cast
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from vitlab.contract import RolloutRule, VisionModel
+from vitlab.contract import AttentionMap, RolloutRule, VisionModel
+from vitlab.layers.attention_maps import record_attention_maps
 
 HeadFusion = Literal["mean", "max", "min"]
+
+# How far a row sum may stray from 1 (float32 softmax over thousands of keys: ~1e-6).
+_ROW_SUM_TOLERANCE = 1e-3
+
+
+def check_distribution(attn: Tensor, name: str = "the map") -> None:
+    """Raise ``ValueError`` unless every row of ``attn`` is a distribution over the keys:
+    no weight below 0 and every row summing to 1 (what rollout multiplies).
+
+    Shape: attn (..., N_q, N_k).
+    """
+    sums = attn.sum(dim=-1)
+    lowest = attn.min()
+    if lowest < -_ROW_SUM_TOLERANCE or not torch.allclose(sums, torch.ones_like(sums), atol=_ROW_SUM_TOLERANCE):
+        raise ValueError(
+            f"{name} is not a distribution over the keys (row sums from {sums.min():.3g} to {sums.max():.3g}, "
+            f"smallest weight {lowest:.3g}); rollout needs softmax maps, non-negative rows that sum to 1. "
+            f"A layer that mixes its heads (CaiT's talking heads, DeepViT's re-attention) makes such maps: roll "
+            f"out its softmax maps before the mixing, AttentionMap.unmixed of vitlab.layers.record_attention_maps"
+        )
 
 
 def _check_maps(attn_maps: Sequence[Tensor]) -> None:
@@ -46,6 +78,8 @@ def _check_maps(attn_maps: Sequence[Tensor]) -> None:
                 f"every map must have the shape of attn_maps[0], {tuple(first.shape)}; "
                 f"attn_maps[{index}] has {tuple(attn.shape)}"
             )
+    for index, attn in enumerate(attn_maps):
+        check_distribution(attn, f"attn_maps[{index}]")
 
 
 def _discard_lowest(a: Tensor, ratio: float) -> Tensor:
@@ -73,7 +107,8 @@ def attention_rollout(
 
     Args:
         attn_maps: one map per block, first block first, each (B, h, N, N) with rows that
-            sum to 1 (the softmax output), e.g. from :func:`vitlab.layers.collect_attention_maps`.
+            sum to 1 (the softmax output), e.g. from :func:`vitlab.layers.collect_attention_maps`;
+            a map whose rows are not distributions raises ``ValueError``.
         head_fusion: how the heads of a block become one map: their ``"mean"`` (the paper),
             or the elementwise ``"max"`` or ``"min"``.
         discard_ratio: share of the smallest weights of each row set to zero before the
@@ -176,6 +211,7 @@ def compose_class_attention(
             f"expected a class-attention map of shape (B, h, 1, {1 + keys.shape[-2]}) for {keys.shape[-2]} "
             f"patches, got {tuple(attn.shape)}"
         )
+    check_distribution(attn, "the class-attention map")
     a = _fuse_class_row(attn, head_fusion, discard_ratio)  # (B, 1 + N)
     mixed = a[:, :1] * relevance + (a[:, None, 1:] @ keys)[:, 0]
     c = 0.5 * mixed + 0.5 * relevance if add_residual else mixed
@@ -235,16 +271,19 @@ def spread_squeezed_keys(attn: Tensor, num_prefix_tokens: int | None = None) -> 
 
 
 class Relevance(NamedTuple):
-    """A class token's rollout row and where its patch grid sits in it.
+    """A rollout row over the input tokens, what it is the row of, and where its patch grid sits.
 
     ``row`` (B, T) is a distribution over every input token (rows sum to 1): prefix tokens
     and patches, for CrossViT both branches' ``[cls, patches]``; the patches of the grid
-    are ``row[:, start : start + h * w]``, row-major.
+    are ``row[:, start : start + h * w]``, row-major. ``query`` says whose row it is:
+    ``"class token"`` (the cls token's row), or ``"mean over the tokens"`` for a model
+    without a class token (LeViT), whose head reads the mean of its tokens.
     """
 
     row: Tensor
     start: int
     grid_size: tuple[int, int]
+    query: str = "class token"
 
     def grid(self) -> Tensor:
         """Shape: (B, h, w)."""
@@ -259,8 +298,30 @@ def _rule_of(model: nn.Module) -> RolloutRule:
     return FAMILIES[family].rollout if family in FAMILIES else "blocks"
 
 
+def rollout_maps(records: Sequence[AttentionMap]) -> list[AttentionMap]:
+    """The records rollout reads: each map that is a distribution as it is, each map that
+    mixes its heads (``is_distribution`` False: CaiT's talking heads, DeepViT's
+    re-attention) replaced by its softmax maps before the mixing (``unmixed``); the
+    records are otherwise unchanged. A map that is neither raises ``ValueError``.
+
+    Shape: (B, h, N_q, N_k) per record -> the same.
+    """
+    maps = []
+    for record in records:
+        if record.is_distribution:
+            maps.append(record)
+        elif record.unmixed is not None:
+            maps.append(AttentionMap(record.unmixed, record.path, record.kind, True))
+        else:
+            raise ValueError(
+                f"the map of {record.path} ({record.kind}) is not a distribution and has no softmax maps "
+                f"before the mixing (unmixed); rollout cannot read it"
+            )
+    return maps
+
+
 @torch.no_grad()
-def class_token_relevance(
+def rollout_relevance(
     model: nn.Module,
     images: Tensor,
     *,
@@ -270,28 +331,36 @@ def class_token_relevance(
     num_prefix_tokens: int | None = None,
     branch: int = 0,
 ) -> Relevance:
-    """The class token's rollout row over the input tokens, by the family's rule
-    (``FAMILY.rollout``, :class:`vitlab.contract.FamilyInfo`); see :func:`model_rollout`.
+    """The rollout row of the token the model classifies, over the input tokens, by the
+    family's rule (``FAMILY.rollout``, :class:`vitlab.contract.FamilyInfo`); see
+    :func:`model_rollout`.
+
+    The maps come from one forward pass (:func:`vitlab.layers.record_attention_maps`):
+    the model's modes, parameters and BatchNorm statistics are left as they were. Layers
+    that mix their heads contribute their softmax maps before the mixing
+    (:func:`rollout_maps`).
 
     Rules:
 
     * ``"blocks"`` (ViT, DeiT, DeepViT, T2T-ViT, PiT, LeViT): :func:`attention_rollout`
       of the last stage's maps (the last maps of one shape, which must be square); the row
-      of token 0. Prefix tokens (cls, dist) are found from the token count unless
-      ``num_prefix_tokens`` is given; with none (LeViT) token 0 is the first patch.
+      of token 0, the class token. Prefix tokens (cls, dist) are found from the token
+      count unless ``num_prefix_tokens`` is given. With none (LeViT) there is no class
+      token: the head reads the mean of the tokens, so the row is the mean of all rows
+      (``query="mean over the tokens"``).
     * ``"squeezed_keys"`` (CvT): the same, after :func:`spread_squeezed_keys` makes each
       map of the last stage square (an approximation: the keys are a conv squeeze of the
       tokens, 2x2 cells of the grid at stride 2).
     * ``"class_attention"`` (CaiT): the self-attention maps over the patches rolled out
       (``R``, (B, N, N)); the class token joins afterwards, so its row over
-      ``[cls, patches]`` starts at ``[1, 0, ...]`` and each class-attention layer (one
-      query over ``[cls, patches]``) is composed in by :func:`compose_class_attention`
-      with the patches' rows ``[0 | R]``.
+      ``[cls, patches]`` starts at ``[1, 0, ...]`` and each class-attention layer (kind
+      ``"class"``: one query over ``[cls, patches]``) is composed in by
+      :func:`compose_class_attention` with the patches' rows ``[0 | R]``.
     * ``"cross_attention"`` (CrossViT): the rows run over both branches' input tokens,
       ``[cls_S, S patches, cls_L, L patches]``. Each branch's self-attention maps are
       rolled out within the branch (square, residual as in :func:`attention_rollout`);
-      each cross-attention map (the branch's projected cls over ``[it, the other
-      branch's patches]``) is composed into the branch's cls row by
+      each cross-attention map (kind ``"cross"``: the branch's projected cls over ``[it,
+      the other branch's patches]``) is composed into the branch's cls row by
       :func:`compose_class_attention` with the other branch's patch rows, both branches
       from the tokens before the exchange. ``branch`` (0: small patches, 1: large) picks
       the class token and the patch grid returned.
@@ -306,15 +375,14 @@ def class_token_relevance(
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    model.eval()
-    maps = cast(VisionModel, model).get_attention_maps(images)
+    records = rollout_maps(record_attention_maps(model, images))
     rule = _rule_of(model)
     options = _Options(head_fusion, discard_ratio, add_residual)
     if rule == "class_attention":
-        return _class_attention_relevance(maps, options)
+        return _class_attention_relevance(records, options)
     if rule == "cross_attention":
-        return _cross_attention_relevance(maps, options, branch)
-    run = _last_stage(maps)
+        return _cross_attention_relevance(records, options, branch)
+    run = _last_stage([record.attn for record in records])
     if rule == "squeezed_keys":
         run = [spread_squeezed_keys(attn, num_prefix_tokens) for attn in run]
     last = run[-1]
@@ -325,13 +393,15 @@ def class_token_relevance(
         )
     rollout = _rollout_run(run, options)
     grid, prefix = _grid_of(rollout.shape[-1], num_prefix_tokens)
+    if prefix == 0:  # no class token: the head reads the mean of the tokens
+        return Relevance(rollout.mean(dim=1), 0, grid, "mean over the tokens")
     return Relevance(rollout[:, 0], prefix, grid)
 
 
-def _class_attention_relevance(maps: Sequence[Tensor], options: _Options) -> Relevance:
-    self_maps = [m for m in maps if m.shape[-2] != 1]
-    class_maps = maps[len(self_maps) :]
-    if not self_maps or not class_maps or any(m.shape[-2] == 1 for m in self_maps):
+def _class_attention_relevance(records: Sequence[AttentionMap], options: _Options) -> Relevance:
+    self_maps = [r.attn for r in records if r.kind != "class"]
+    class_maps = [r.attn for r in records if r.kind == "class"]
+    if not self_maps or not class_maps or any(r.kind == "class" for r in records[: len(self_maps)]):
         raise ValueError("expected the self-attention maps, then the class-attention maps (B, h, 1, 1 + N)")
     patches = _rollout_run(self_maps, options)  # (B, N, N) over the input patches
     B, N, _ = patches.shape
@@ -343,10 +413,11 @@ def _class_attention_relevance(maps: Sequence[Tensor], options: _Options) -> Rel
     return Relevance(c, 1, _grid_of(N, 0)[0])
 
 
-def _cross_attention_relevance(maps: Sequence[Tensor], options: _Options, branch: int) -> Relevance:
+def _cross_attention_relevance(records: Sequence[AttentionMap], options: _Options, branch: int) -> Relevance:
     if branch not in (0, 1):
         raise ValueError(f"branch must be 0 (small patches) or 1 (large patches), got {branch}")
-    cross = [i for i, m in enumerate(maps) if m.shape[-2] == 1]
+    maps = [r.attn for r in records]
+    cross = [i for i, r in enumerate(records) if r.kind == "cross"]
     if not cross or len(cross) % 2 or any(b - a != 1 for a, b in zip(cross[::2], cross[1::2], strict=True)):
         raise ValueError("expected per encoder the branches' self-attention maps, then 2 cross-attention maps")
     n_l, n_s = maps[cross[0]].shape[-1], maps[cross[1]].shape[-1]  # S's cls reads L's tokens, then L's reads S's
@@ -381,23 +452,25 @@ def model_rollout(
     num_prefix_tokens: int | None = None,
     branch: int = 0,
 ) -> Tensor:
-    """Rollout of the class token of any :class:`~vitlab.contract.VisionModel`, on its patch grid.
+    """Rollout of the token any :class:`~vitlab.contract.VisionModel` classifies, on its patch grid.
 
-    The maps come from ``model.get_attention_maps``, read by the family's rule
-    (:func:`class_token_relevance` lists them): for ViT, DeiT, DeepViT and T2T-ViT every
-    block of the backbone, for PiT and LeViT the last stage, for CvT the last stage with
-    its squeezed keys spread back over the tokens (an approximation), for CaiT the
-    self-attention rollout composed through the class-attention layers, for CrossViT
-    both branches' rollouts composed through the cross-attention (``branch`` picks the
-    class token and grid: 0, small patches, or 1). The prefix tokens (cls, dist) are
-    found from the token count unless ``num_prefix_tokens`` is given; with no prefix
-    token (LeViT) the row of token 0 is the first patch's, not a class token's. The
-    values are the patches' part of the row (the prefix tokens hold the rest). The model
-    is put in eval mode.
+    The maps come from one forward pass of the model (its modes, parameters and BatchNorm
+    statistics left as they were), read by the family's rule (:func:`rollout_relevance`
+    lists them): for ViT, DeiT, DeepViT and T2T-ViT every block of the backbone, for PiT
+    and LeViT the last stage, for CvT the last stage with its squeezed keys spread back
+    over the tokens (an approximation), for CaiT the self-attention rollout composed
+    through the class-attention layers, for CrossViT both branches' rollouts composed
+    through the cross-attention (``branch`` picks the class token and grid: 0, small
+    patches, or 1). Layers that mix their heads (CaiT's talking heads, DeepViT's
+    re-attention) contribute their softmax maps before the mixing. The row is the class
+    token's; the prefix tokens (cls, dist) are found from the token count unless
+    ``num_prefix_tokens`` is given. With no prefix token (LeViT) there is no class token,
+    and the row is the mean of all tokens' rows, as the head reads the mean of the tokens.
+    The values are the patches' part of the row (the prefix tokens hold the rest).
 
     Shape: images (B, C, H, W) -> (B, h, w), the token grid of those maps.
     """
-    return class_token_relevance(
+    return rollout_relevance(
         model,
         images,
         head_fusion=head_fusion,

@@ -25,7 +25,7 @@ def cvt_figure(name: str = "cvt_13") -> Diagram:
     d.block("img", "image", kind="data")
     previous, arrow = "img", shape_label(size[1:])
     for i in range(n):
-        k, s = cfg.patch_sizes[i], cfg.patch_strides[i]
+        k, s = cfg.patch_size[i], cfg.patch_stride[i]
         n_tokens, width = shapes[f"stages.{i}.patch_embed"][1:]
         tokens = shapes[f"stages.{i}.blocks.0"][1]
         keys = shapes[f"stages.{i}.blocks.0.attn.conv_proj_k"][1] + (tokens - n_tokens)
@@ -33,27 +33,22 @@ def cvt_figure(name: str = "cvt_13") -> Diagram:
         heads = cfg.num_heads[i]
         with d.group(f"stage {i + 1}"):
             e = f"embed{i}"
-            d.block(e, f"conv token embedding\nConv {k}×{k}, stride {s} + LayerNorm", kind="embed", changed=True)
-            into_blocks = e
+            label = f"conv token embedding\nConv {k}×{k}, stride {s} + LayerNorm"
             if tokens > n_tokens:
-                c = f"cls{i}"
-                d.block(c, "prepend [cls]\n(last stage only)", kind="embed", changed=True)
-                d.arrow(e, c, shape_label((n_tokens, width)))
-                into_blocks = c
-            with d.group(f"block × {cfg.depths[i]}"):
-                a, m = f"attn{i}", f"mlp{i}"
-                d.block(
-                    a,
-                    f"conv projection: depthwise {q_k}×{q_k} + BN,\nk, v stride {cfg.stride_kv};"
-                    f" then Linear q, k, v\n{heads} head{'s' if heads > 1 else ''}: {tokens} queries, {keys} keys",
-                    kind="attention",
-                    changed=True,
-                )
-                d.block(m, f"MLP {width} → {hidden} → {width}", kind="mlp")
-                d.arrow(a, m)
-            d.arrow(into_blocks, a, shape_label((tokens, width)))
+                label += f"\nthen prepend [cls]: {n_tokens} + {tokens - n_tokens} tokens"
+            d.block(e, label, kind="embed", changed=True)
+            a = f"blocks{i}"
+            d.block(
+                a,
+                f"block × {cfg.depth[i]}: conv projection:\ndepthwise {q_k}×{q_k} + BN (k, v stride {cfg.stride_kv}),"
+                f"\nthen Linear q, k, v; {heads} head{'s' if heads > 1 else ''}:\n{tokens} queries, {keys} keys;"
+                f" MLP {width} → {hidden} → {width}",
+                kind="attention",
+                changed=True,
+            )
+            d.arrow(e, a, shape_label((tokens, width)))
         d.arrow(previous, e, arrow)  # outside the group, so the previous block stays outside it
-        previous = m
+        previous = a
         arrow = shape_label((tokens, width)) if i == n - 1 else "tokens → 2-D map"
     d.block("head", "LayerNorm,\nLinear head on [cls]", kind="head")
     d.arrow(previous, "head", arrow)

@@ -45,7 +45,7 @@ def pit_figure(name: str = "pit_s_224") -> Diagram:
             )
             d.arrow(previous, pool, shape_label((side, side)) + " grid")
             previous, width, side = pool, out_dim, out_side
-        heads = cfg.heads[i]
+        heads = cfg.num_heads[i]
         with d.group(f"stage {i + 1}"):
             block = f"stage{i}"
             label = f"ViT block × {cfg.depth[i]}\n{heads} heads × {dim // heads}\n{side}×{side} grid + [cls]"

@@ -132,6 +132,9 @@ def encoder_blocks(
 def collect_attention_maps(x: Tensor, blocks: Iterable[nn.Module]) -> list[Tensor]:
     """Run tokens through ``blocks`` on the explicit path, keeping every attention map.
 
+    The blocks run in the mode they are in (dropout in training mode). A whole model's maps,
+    in eval mode and labelled, come from :func:`vitlab.layers.record_attention_maps`.
+
     Shape: x (B, N, C) -> depth x (B, h, N, N).
     """
     maps = []

@@ -10,13 +10,17 @@ from __future__ import annotations
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.contract import AttentionKind
 from vitlab.layers.attention import check_heads, explicit_attention, fused_attention, with_attn
 
 
 class ClassAttention(nn.Module):
     """The first token queries ``[cls, patches]``; only the first token is returned.
 
-    The softmax is the standard one, so both paths exist (``fused_attn``).
+    The softmax is the standard one, so both paths exist (``fused_attn``). ``kind`` labels
+    its map (:func:`vitlab.layers.record_attention_maps`): ``"class"`` when the query is
+    the model's own class token (CaiT), ``"cross"`` when it is another branch's class token
+    over this branch's patches (CrossViT).
 
     Shape: x (B, 1 + N, C), query token first -> (B, 1, C); attn (B, h, 1, 1 + N).
     """
@@ -30,8 +34,12 @@ class ClassAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         fused_attn: bool = True,
+        kind: AttentionKind = "class",
     ) -> None:
         super().__init__()
+        if kind not in ("class", "cross"):
+            raise ValueError(f"kind must be 'class' or 'cross', got {kind!r}")
+        self.attn_kind: AttentionKind = kind
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5

@@ -14,7 +14,8 @@ maps mix the heads' attention logits before the softmax (``proj_l``) and the wei
 after it (``proj_w``).
 
 Reads top to bottom: attention layers -> class-attention block -> config -> model ->
-paper presets -> timm weight conversion. Names follow timm and the official code
+paper presets -> timm weight conversion -> speed paths (the same functions, faster; off
+with ``vitlab.set_fused_attention(model, False)``). Names follow timm and the official code
 (``blocks``, ``blocks_token_only``, ``proj_l``, ``proj_w``), except that LayerScale is
 the shared :class:`~vitlab.layers.LayerScale` module (``ls1.gamma`` for timm's ``gamma_1``).
 """
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Block,
     ClassAttention,
@@ -40,8 +42,8 @@ from vitlab.layers import (
     check_num_classes,
     check_patch_encoder_config,
     classifier_head,
-    collect_attention_maps,
     learned_position_embedding,
+    record_attention_maps,
     with_attn,
 )
 from vitlab.models._init import init_vit_weights
@@ -65,8 +67,8 @@ def layer_scale_init_for_depth(depth: int) -> float:
 
 
 def mix_heads(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """The plain form: move the heads last, apply the linear layer, move them back (timm,
-    official code).
+    """Mix the heads: move them last, apply the linear layer, move them back (timm, official
+    code).
 
     Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
     """
@@ -74,39 +76,23 @@ def mix_heads(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return rearrange(mixed, "B i j h -> B h i j")
 
 
-def mix_heads_fast(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """Speed path of :func:`mix_heads`, the same function: one batched product
-    ``bias + W @ maps`` on the maps viewed as ``(B, H, N*N)``, with no permuted copies of the
-    maps and the bias added in the same kernel (``torch.baddbmm``); 3x faster per call on CPU
-    (benchmarks/README.md). ``tests/test_cait.py`` checks that both agree.
-
-    Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
-    """
-    B, H, Nq, Nk = maps.shape
-    w = weight.expand(B, -1, -1)  # (B, H', H), a view: no copy per batch element
-    flat = maps.reshape(B, H, Nq * Nk)
-    mixed = torch.bmm(w, flat) if bias is None else torch.baddbmm(bias[:, None], w, flat)
-    return mixed.view(B, -1, Nq, Nk)
-
-
 class HeadMixing(nn.Linear):
     """An ``nn.Linear(H, H')`` applied across the head axis of attention maps, at every (i, j).
 
-    Same parameters as the official ``nn.Linear`` (so the same state dict). ``fast_path``
-    picks :func:`mix_heads_fast` (default) or the plain :func:`mix_heads`.
+    Same parameters as the official ``nn.Linear`` (so the same state dict). ``fast=True``
+    computes the same function with :func:`mix_heads_fast` (the speed path, end of file).
 
     Shape: maps (B, H, N_q, N_k) -> (B, H', N_q, N_k).
     """
 
-    fast_path: bool = True
-
-    def forward(self, maps: Tensor) -> Tensor:
+    def forward(self, maps: Tensor, fast: bool = False) -> Tensor:
         if maps.ndim != 4 or maps.shape[1] != self.in_features:
             raise ValueError(
                 f"expected attention maps (B, {self.in_features}, N_q, N_k), got shape {tuple(maps.shape)}"
             )
-        mix = mix_heads_fast if self.fast_path else mix_heads
-        return mix(maps, self.weight, self.bias)
+        if fast:
+            return mix_heads_fast(maps, self.weight, self.bias)
+        return mix_heads(maps, self.weight, self.bias)
 
 
 class TalkingHeadAttn(nn.Module):
@@ -114,18 +100,35 @@ class TalkingHeadAttn(nn.Module):
 
     ``proj_l`` mixes the H heads' logits before the softmax, ``proj_w`` mixes the
     attention weights after it; both act on the head axis at every (query, key) pair.
-    Only an explicit path exists: a fused kernel computes ``softmax(q k^T) v`` in one
-    call and never exposes the logits or the weights, so there is nothing to mix.
-    Hence there is no ``fused_attn`` attribute and :func:`vitlab.set_fused_attention`
-    leaves this layer alone.
+    The attention itself has only an explicit path: a fused kernel computes
+    ``softmax(q k^T) v`` in one call and never exposes the logits or the weights, so there
+    is nothing to mix. ``fused_attn`` switches the head mixing's speed path
+    (:func:`mix_heads_fast`, end of file; ``return_attn=True`` takes the plain one), so
+    :func:`vitlab.set_fused_attention` reaches it like every other speed path.
+
+    The map it returns (after ``proj_w``) is a mix of softmax maps: its rows need not sum
+    to 1 and can have negative weights (``attn_kind = "mixed"``).
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
     """
 
+    # Labels for vitlab.layers.record_attention_maps: the map mixes the heads, and the softmax
+    # maps before that mixing are the input of proj_w.
+    attn_kind: ClassVar[AttentionKind] = "mixed"
+    unmixed_input: ClassVar[str] = "proj_w"
+
     def __init__(
-        self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
     ) -> None:
         super().__init__()
+        self.fused_attn = fused_attn
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5
@@ -141,10 +144,11 @@ class TalkingHeadAttn(nn.Module):
 
     def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Shape: x (B, N, C) -> (B, N, C) [, attn (B, h, N, N) when ``return_attn``]."""
+        fast = self.fused_attn and not return_attn
         q, k, v = rearrange(self.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=self.num_heads)
         logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, N, N)
-        logits = self.proj_l(logits)  # talking heads: mix the heads' logits at every (i, j) ...
-        attn = self.proj_w(logits.softmax(dim=-1))  # ... and their weights after the softmax
+        logits = self.proj_l(logits, fast)  # talking heads: mix the heads' logits at every (i, j) ...
+        attn = self.proj_w(logits.softmax(dim=-1), fast)  # ... and their weights after the softmax
         attn = self.attn_drop(attn)
         out = rearrange(attn @ v, "B h N d -> B N (h d)")
         out = self.proj_drop(self.proj(out))
@@ -180,16 +184,11 @@ class ClassAttentionBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.ls2 = LayerScale(dim, init_values)
 
-    def forward(self, x: Tensor, x_cls: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, N, C), x_cls (B, 1, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N)]."""
+    def forward(self, x: Tensor, x_cls: Tensor) -> Tensor:
+        """Shape: x (B, N, C), x_cls (B, 1, C) -> (B, 1, C)."""
         u = self.norm1(torch.cat([x_cls, x], dim=1))  # (B, 1 + N, C)
-        if return_attn:
-            y, attn = self.attn(u, return_attn=True)
-        else:
-            y, attn = self.attn(u), None
-        x_cls = x_cls + self.ls1(y)
-        x_cls = x_cls + self.ls2(self.mlp(self.norm2(x_cls)))
-        return with_attn(x_cls, attn, return_attn)
+        x_cls = x_cls + self.ls1(self.attn(u))
+        return x_cls + self.ls2(self.mlp(self.norm2(x_cls)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,6 +279,7 @@ class CaiT(nn.Module):
                         qkv_bias=config.qkv_bias,
                         attn_drop=config.attn_drop_rate,
                         proj_drop=config.drop_rate,
+                        fused_attn=config.fused_attn,
                     ),
                 )
                 for _ in range(config.depth)
@@ -326,37 +326,27 @@ class CaiT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path).
+        """Every attention map, in forward order (explicit path), collected during one forward
+        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it was).
 
         First the ``depth`` talking-heads self-attention maps over the patches alone, rows
         (queries) and columns (keys) both the N patches in row-major grid order (after
-        ``proj_w``, so a row need not sum to 1); then the ``depth_token_only``
+        ``proj_w``, so a row need not sum to 1: kind ``"mixed"``, the softmax maps before
+        the mixing in the record's ``unmixed``); then the ``depth_token_only``
         class-attention maps: one row, the cls token, over the keys ``[cls, patches]``.
 
         Shape: x (B, C, H, W) -> depth x (B, h, N, N) + depth_token_only x (B, h, 1, 1 + N).
         """
-        x = self.pos_drop(self.patch_embed(x) + self.pos_embed)
-        maps = collect_attention_maps(x, self.blocks)
-        return maps + self._class_attention_maps(self.blocks(x))
+        return [record.attn for record in record_attention_maps(self, x)]
 
-    def _class_attention_maps(self, x: Tensor) -> list[Tensor]:
-        x_cls = self.cls_token.expand(x.shape[0], -1, -1)
-        maps = []
-        for block in self.blocks_token_only:
-            x_cls, attn = block(x, x_cls, return_attn=True)
-            maps.append(attn)
-        return maps
-
-    @torch.no_grad()
     def get_class_attention_maps(self, x: Tensor) -> list[Tensor]:
         """The class-attention part of :meth:`get_attention_maps`: what the cls token attends
         to in each class-attention block; key 0 is the cls token.
 
         Shape: x (B, C, H, W) -> depth_token_only x (B, h, 1, 1 + N).
         """
-        return self._class_attention_maps(self.forward_patches(x))
+        return [record.attn for record in record_attention_maps(self, x) if record.kind == "class"]
 
 
 CONFIGS: dict[str, CaiTConfig] = {
@@ -391,3 +381,23 @@ def convert_timm(state_dict: Mapping[str, Tensor], config: CaiTConfig) -> dict[s
         key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
         out[key] = value
     return out
+
+
+# ---------------------------------------------------------------- speed paths
+# The same functions as above, faster. ``fused_attn=False`` on a layer (every layer at once:
+# ``vitlab.set_fused_attention(model, False)``) skips this section.
+
+
+def mix_heads_fast(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Speed path of :func:`mix_heads`, the same function: one batched product
+    ``bias + W @ maps`` on the maps viewed as ``(B, H, N*N)``, with no permuted copies of the
+    maps and the bias added in the same kernel (``torch.baddbmm``); 3x faster per call on CPU
+    (benchmarks/README.md). ``tests/test_cait.py`` checks that both agree.
+
+    Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
+    """
+    B, H, Nq, Nk = maps.shape
+    w = weight.expand(B, -1, -1)  # (B, H', H), a view: no copy per batch element
+    flat = maps.reshape(B, H, Nq * Nk)
+    mixed = torch.bmm(w, flat) if bias is None else torch.baddbmm(bias[:, None], w, flat)
+    return mixed.view(B, -1, Nq, Nk)

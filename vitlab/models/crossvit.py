@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +39,9 @@ from vitlab.layers import (
     check_image,
     check_num_classes,
     classifier_head,
-    collect_attention_maps,
     drop_path_rates,
     learned_position_embedding,
+    record_attention_maps,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -96,7 +96,7 @@ class CrossAttentionBlock(nn.Module):
 
     No MLP follows the cross-attention (``has_mlp=False`` in the official code; timm has none).
 
-    Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N)].
+    Shape: x (B, 1 + N, C) -> (B, 1, C).
     """
 
     def __init__(
@@ -113,15 +113,13 @@ class CrossAttentionBlock(nn.Module):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = ClassAttention(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused_attn=fused_attn
-        )
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused_attn=fused_attn,
+            kind="cross",
+        )  # fmt: skip
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N) when ``return_attn``]."""
-        if return_attn:
-            y, attn = self.attn(self.norm1(x), return_attn=True)
-            return x[:, :1] + self.drop_path(y), attn
+    def forward(self, x: Tensor) -> Tensor:
+        """Shape: x (B, 1 + N, C) -> (B, 1, C)."""
         return x[:, :1] + self.drop_path(self.attn(self.norm1(x)))
 
 
@@ -143,9 +141,7 @@ class MultiScaleBlock(nn.Module):
     (``projs[i]``, f), queries ``[f(cls_i), patches_j]`` (``fusion[i]``), is projected back
     (``revert_projs[i]``, g) and replaces cls_i. Patch tokens pass through unchanged.
 
-    Shape: [S (B, 1 + N_S, C_S), L (B, 1 + N_L, C_L)] -> the same shapes
-    [, attn: N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L),
-    (B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
+    Shape: [S (B, 1 + N_S, C_S), L (B, 1 + N_L, C_L)] -> the same shapes.
     """
 
     def __init__(self, config: CrossViTConfig, drop_path: list[float]) -> None:
@@ -180,24 +176,16 @@ class MultiScaleBlock(nn.Module):
         )
         self.revert_projs = nn.ModuleList([projection(dims[1 - i], dims[i]) for i in range(2)])
 
-    def forward(self, xs: list[Tensor], return_attn: bool = False) -> list[Tensor] | tuple[list[Tensor], list[Tensor]]:
-        maps: list[Tensor] = []
-        if return_attn:  # the branches' self-attention maps, S then L
-            branches = [cast(nn.Sequential, blocks) for blocks in self.blocks]
-            maps = [attn for blocks, x in zip(branches, xs) for attn in collect_attention_maps(x, blocks)]
+    def forward(self, xs: list[Tensor]) -> list[Tensor]:
         xs = [blocks(x) for blocks, x in zip(self.blocks, xs)]  # each branch on its own
         outs = []
         for i, j in ((0, 1), (1, 0)):
             query = self.projs[i](xs[i][:, :1])  # f: (B, 1, C_j)
             tokens = torch.cat([query, xs[j][:, 1:]], dim=1)  # (B, 1 + N_j, C_j)
-            if return_attn:
-                fused, attn = self.fusion[i](tokens, return_attn=True)
-                maps.append(attn)
-            else:
-                fused = self.fusion[i](tokens)  # (B, 1, C_j)
+            fused = self.fusion[i](tokens)  # (B, 1, C_j)
             cls_token = self.revert_projs[i](fused)  # g: (B, 1, C_i)
             outs.append(torch.cat([cls_token, xs[i][:, 1:]], dim=1))  # (B, 1 + N_i, C_i)
-        return (outs, maps) if return_attn else outs
+        return outs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,34 +322,27 @@ class CrossViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path). For each of the K encoders:
-        the S branch's self-attention maps (rows and columns ``[cls_S, S patches]``), the L
-        branch's (``[cls_L, L patches]``), then the two cross-attention maps: S's projected cls
-        token (one row) over ``[it, L patches]``, and L's over ``[it, S patches]``.
+        """Every attention map, in forward order (explicit path), collected during one forward
+        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it
+        was). For each of the K encoders: the S branch's self-attention maps (rows and
+        columns ``[cls_S, S patches]``), the L branch's (``[cls_L, L patches]``), then the two
+        cross-attention maps (kind ``"cross"``): S's projected cls token (one row) over
+        ``[it, L patches]``, and L's over ``[it, S patches]``.
 
         Shape: x (B, C, H, W) -> K x [N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L),
         (B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
         """
-        maps = []
-        xs = self.embed(x)
-        for block in self.blocks:
-            xs, attn = block(xs, return_attn=True)
-            maps.extend(attn)
-        return maps
+        return [record.attn for record in record_attention_maps(self, x)]
 
-    @torch.no_grad()
     def get_cross_attention_maps(self, x: Tensor) -> list[list[Tensor]]:
         """The cross-attention part of :meth:`get_attention_maps`, per encoder: S's cls over
         L's tokens, then L's cls over S's tokens.
 
         Shape: x (B, C, H, W) -> K x [(B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
         """
-        maps = self.get_attention_maps(x)
-        per_encoder = sum(self.config.depth) + 2
-        ends = [(k + 1) * per_encoder for k in range(self.config.num_encoders)]
-        return [maps[end - 2 : end] for end in ends]
+        cross = [record.attn for record in record_attention_maps(self, x) if record.kind == "cross"]
+        return [cross[i : i + 2] for i in range(0, len(cross), 2)]
 
 
 CONFIGS: dict[str, CrossViTConfig] = {

@@ -17,13 +17,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import ClassVar, Literal, cast
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     DropPath,
     Mlp,
@@ -35,6 +35,7 @@ from vitlab.layers import (
     drop_path_rates,
     explicit_attention,
     fused_attention,
+    record_attention_maps,
     with_attn,
 )
 from vitlab.models._init import init_vit_weights
@@ -54,12 +55,14 @@ class CvTConfig:
     img_size: int = 224
     in_chans: int = 3
     num_classes: int = 1000
-    embed_dims: tuple[int, ...] = (64, 192, 384)
-    depths: tuple[int, ...] = (1, 2, 10)
+    # Per stage; the names of HF's CvtConfig (which says patch_sizes). The paper's Table 2
+    # writes them C_i (embed_dim), H_i (num_heads), N_i (depth) and the conv embedding's k, s.
+    embed_dim: tuple[int, ...] = (64, 192, 384)
+    depth: tuple[int, ...] = (1, 2, 10)
     num_heads: tuple[int, ...] = (1, 3, 6)
-    patch_sizes: tuple[int, ...] = (7, 3, 3)
-    patch_strides: tuple[int, ...] = (4, 2, 2)
-    patch_paddings: tuple[int, ...] = (2, 1, 1)
+    patch_size: tuple[int, ...] = (7, 3, 3)
+    patch_stride: tuple[int, ...] = (4, 2, 2)
+    patch_padding: tuple[int, ...] = (2, 1, 1)
     kernel_qkv: int = 3
     stride_kv: int = 2
     mlp_ratio: float = 4.0
@@ -72,17 +75,17 @@ class CvTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        per_stage = ("embed_dims", "depths", "num_heads", "patch_sizes", "patch_strides", "patch_paddings")
+        per_stage = ("embed_dim", "depth", "num_heads", "patch_size", "patch_stride", "patch_padding")
         lengths = {name: len(getattr(self, name)) for name in per_stage}
-        if len(set(lengths.values())) != 1 or lengths["depths"] == 0:
+        if len(set(lengths.values())) != 1 or lengths["depth"] == 0:
             raise ValueError(f"per-stage fields need one entry per stage each, got lengths {lengths}")
-        for dim, heads in zip(self.embed_dims, self.num_heads):
+        for dim, heads in zip(self.embed_dim, self.num_heads):
             check_heads(dim, heads)
-        for name in ("depths", "patch_sizes", "patch_strides"):
+        for name in ("depth", "patch_size", "patch_stride"):
             if min(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if min(self.patch_paddings) < 0:
-            raise ValueError(f"patch_paddings must be >= 0, got {self.patch_paddings}")
+        if min(self.patch_padding) < 0:
+            raise ValueError(f"patch_padding must be >= 0, got {self.patch_padding}")
         if self.kernel_qkv <= 0 or self.kernel_qkv % 2 == 0:
             raise ValueError(f"kernel_qkv must be odd (the q map keeps its size), got {self.kernel_qkv}")
         if self.stride_kv <= 0 or self.in_chans <= 0:
@@ -99,12 +102,12 @@ class CvTConfig:
 
     @property
     def num_stages(self) -> int:
-        return len(self.depths)
+        return len(self.depth)
 
     def stage_sizes(self, size: int) -> list[int]:
         """Side of the token map after each stage's conv embedding, for an input side ``size``."""
         sizes = []
-        for k, s, p in zip(self.patch_sizes, self.patch_strides, self.patch_paddings):
+        for k, s, p in zip(self.patch_size, self.patch_stride, self.patch_padding):
             size = conv_out_size(size, k, s, p)
             sizes.append(size)
         return sizes
@@ -113,7 +116,7 @@ class CvTConfig:
         """Every stage map is at least 1x1, and every strided stage really shrinks its input."""
         outputs = self.stage_sizes(size)
         inputs = [size] + outputs[:-1]
-        return all(o >= 1 and (o < i or s == 1) for i, o, s in zip(inputs, outputs, self.patch_strides))
+        return all(o >= 1 and (o < i or s == 1) for i, o, s in zip(inputs, outputs, self.patch_stride))
 
     @property
     def min_img_size(self) -> int:
@@ -169,6 +172,8 @@ class ConvAttention(nn.Module):
     Shape: x (B, T + H*W, C) -> (B, T + H*W, C), T = 1 with a cls token else 0;
     attn (B, h, T + H*W, T + H'*W').
     """
+
+    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.layers.record_attention_maps)
 
     def __init__(
         self,
@@ -243,7 +248,7 @@ class CvTBlock(nn.Module):
 
     def __init__(self, config: CvTConfig, *, stage: int, drop_path: float = 0.0) -> None:
         super().__init__()
-        dim = config.embed_dims[stage]
+        dim = config.embed_dim[stage]
         self.norm1 = nn.LayerNorm(dim)
         self.attn = ConvAttention(
             dim,
@@ -264,17 +269,10 @@ class CvTBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * config.mlp_ratio), drop=config.drop_rate)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(
-        self, x: Tensor, grid_size: tuple[int, int], return_attn: bool = False
-    ) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, N, C), grid_size (H, W) -> (B, N, C) [, attn (B, h, N, N_kv) when ``return_attn``]."""
-        if return_attn:
-            y, attn = self.attn(self.norm1(x), grid_size, return_attn=True)
-        else:
-            y, attn = self.attn(self.norm1(x), grid_size), None
-        x = x + self.drop_path1(y)
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return with_attn(x, attn, return_attn)
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """Shape: x (B, N, C), grid_size (H, W) -> (B, N, C)."""
+        x = x + self.drop_path1(self.attn(self.norm1(x), grid_size))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
 class CvTStage(nn.Module):
@@ -285,13 +283,13 @@ class CvTStage(nn.Module):
 
     def __init__(self, config: CvTConfig, stage: int) -> None:
         super().__init__()
-        dim = config.embed_dims[stage]
+        dim = config.embed_dim[stage]
         self.patch_embed = ConvEmbed(
-            config.in_chans if stage == 0 else config.embed_dims[stage - 1],
+            config.in_chans if stage == 0 else config.embed_dim[stage - 1],
             dim,
-            patch_size=config.patch_sizes[stage],
-            stride=config.patch_strides[stage],
-            padding=config.patch_paddings[stage],
+            patch_size=config.patch_size[stage],
+            stride=config.patch_stride[stage],
+            padding=config.patch_padding[stage],
         )
         last = stage == config.num_stages - 1
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token and last else None
@@ -299,12 +297,11 @@ class CvTStage(nn.Module):
         # Stochastic depth 0 -> rate over the last stage only, as every official config does.
         # NOTE(paper): HF gives every layer one constant rate; it matters only for training.
         top = config.drop_path_rate if last else 0.0
-        rates = drop_path_rates(top, config.depths[stage])
+        rates = drop_path_rates(top, config.depth[stage])
         self.blocks = nn.ModuleList([CvTBlock(config, stage=stage, drop_path=r) for r in rates])
 
-    def forward_tokens(self, x: Tensor, maps: list[Tensor] | None = None) -> tuple[Tensor, tuple[int, int]]:
-        """The stage's tokens ``[cls,] map`` after its blocks; with ``maps`` (a list) each
-        block's attention map is appended to it.
+    def forward_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """The stage's tokens ``[cls,] map`` after its blocks.
 
         Shape: x (B, C_in, H, W) -> (B, T + H'*W', D), grid (H', W').
         """
@@ -313,11 +310,7 @@ class CvTStage(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + H*W, D)
         x = self.pos_drop(x)
         for block in self.blocks:
-            if maps is None:
-                x = block(x, (H, W))
-            else:
-                x, attn = block(x, (H, W), return_attn=True)
-                maps.append(attn)
+            x = block(x, (H, W))
         return x, (H, W)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -339,7 +332,7 @@ class CvT(nn.Module):
         super().__init__()
         self.config = config
         self.stages = nn.ModuleList([CvTStage(config, i) for i in range(config.num_stages)])
-        D = config.embed_dims[-1]
+        D = config.embed_dim[-1]
         self.norm = nn.LayerNorm(D)
         self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)
@@ -356,7 +349,7 @@ class CvT(nn.Module):
             n = self.config.min_img_size
             raise ValueError(
                 f"image size {H}x{W} is too small for this CvT: the stage token maps would be {maps}, but "
-                f"each stage must shrink the map (strides {self.config.patch_strides}); the smallest size is {n}x{n}"
+                f"each stage must shrink the map (strides {self.config.patch_stride}); the smallest size is {n}x{n}"
             )
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -383,32 +376,26 @@ class CvT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """One map per block, stage after stage (explicit path). Rows (queries): the stage's
-        tokens ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]`` the map squeezed
-        by ``stride_kv`` (ceil(H/2) x ceil(W/2)).
+        """One map per block, stage after stage (explicit path), collected during one forward
+        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, BatchNorm statistics
+        read, not updated; the model left as it was). Rows (queries): the stage's tokens
+        ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]`` the map squeezed by
+        ``stride_kv`` (ceil(H/2) x ceil(W/2)).
 
         Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, T_i + H_i W_i, T_i + H'_i W'_i);
         CvT-13 at 224 px: (B, 1, 3136, 784), 2 x (B, 3, 784, 196), 10 x (B, 6, 197, 50).
         """
-        self.check_input(x)
-        maps: list[Tensor] = []
-        for stage in [cast(CvTStage, s) for s in self.stages]:
-            tokens, (H, W) = stage.forward_tokens(x, maps)
-            if stage.cls_token is not None:
-                tokens = tokens[:, 1:]
-            x = rearrange(tokens, "B (H W) D -> B D H W", H=H, W=W)
-        return maps
+        return [record.attn for record in record_attention_maps(self, x)]
 
 
 CONFIGS: dict[str, CvTConfig] = {
     # CvT paper, Table 2 (architectures) and Table 4 (results); counts of HF CvtForImageClassification.
-    "cvt_13": CvTConfig(embed_dims=(64, 192, 384), depths=(1, 2, 10), num_heads=(1, 3, 6)),  # 19,997,480 params
-    "cvt_21": CvTConfig(embed_dims=(64, 192, 384), depths=(1, 4, 16), num_heads=(1, 3, 6)),  # 31,622,696 params
+    "cvt_13": CvTConfig(embed_dim=(64, 192, 384), depth=(1, 2, 10), num_heads=(1, 3, 6)),  # 19,997,480 params
+    "cvt_21": CvTConfig(embed_dim=(64, 192, 384), depth=(1, 4, 16), num_heads=(1, 3, 6)),  # 31,622,696 params
     # CvT-W24 exists only at 384 px (ImageNet-22k pre-trained): microsoft/cvt-w24-384-22k.
     "cvt_w24_384": CvTConfig(  # 277,196,392 params
-        img_size=384, embed_dims=(192, 768, 1024), depths=(2, 2, 20), num_heads=(3, 12, 16)
+        img_size=384, embed_dim=(192, 768, 1024), depth=(2, 2, 20), num_heads=(3, 12, 16)
     ),
 }
 
@@ -419,7 +406,7 @@ FAMILY = FamilyInfo(
     properties=FamilyProperties("CvT", "none", "overlapping conv (k7 s4, k3 s2)", "depthwise conv + BN, then linear",
                                 "yes (conv token embedding)", "wu2021cvt", "cvt_13"),
     token_mixers=(ConvAttention,),
-    tiny=("cvt_13", dict(embed_dims=(16, 24, 30), depths=(1, 1, 1), num_heads=(1, 2, 2))),
+    tiny=("cvt_13", dict(embed_dim=(16, 24, 30), depth=(1, 1, 1), num_heads=(1, 2, 2))),
     rollout="squeezed_keys",
     benchmark_preset="cvt_13",
 )  # fmt: skip

@@ -14,12 +14,13 @@ load with no renames.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
     Block,
@@ -27,9 +28,9 @@ from vitlab.layers import (
     check_image,
     check_num_classes,
     classifier_head,
-    collect_attention_maps,
     drop_path_rates,
     learned_position_embedding,
+    record_attention_maps,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -135,6 +136,11 @@ class ReAttention(nn.Module):
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N), the re-attended map.
     """
+
+    # Labels for vitlab.layers.record_attention_maps: the map is a mix of the heads' softmax
+    # maps, and the softmax maps themselves are the input of reatten_matrix.
+    attn_kind: ClassVar[AttentionKind] = "re-attention"
+    unmixed_input: ClassVar[str] = "reatten_matrix"
 
     def __init__(
         self,
@@ -250,15 +256,17 @@ class DeepViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """The map each block multiplies the values with (re-attended in re-attention blocks).
+        """The map each block multiplies the values with (re-attended in re-attention blocks),
+        collected during one forward pass (:func:`~vitlab.layers.record_attention_maps`:
+        eval mode, BatchNorm statistics read, not updated; the model left as it was).
         Rows (queries) and columns (keys) index ``[cls, patches]``. A re-attended map is a
-        mix of the heads' softmax maps, normalised by BatchNorm: its rows need not sum to 1.
+        mix of the heads' softmax maps, normalised by BatchNorm: its rows need not sum to 1
+        (its record says ``is_distribution=False`` and keeps the softmax maps as ``unmixed``).
 
         Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
         """
-        return collect_attention_maps(self.embed(x) * self.config.scale_adjustment, self.blocks)
+        return [record.attn for record in record_attention_maps(self, x)]
 
 
 CONFIGS: dict[str, DeepViTConfig] = {

@@ -24,9 +24,9 @@ from vitlab.layers import (
     check_image,
     check_num_classes,
     classifier_head,
-    collect_attention_maps,
     conv_output_size,
     drop_path_rates,
+    record_attention_maps,
 )
 
 
@@ -39,9 +39,11 @@ class PiTConfig:
     stride: int = 8
     in_chans: int = 3
     num_classes: int = 1000
-    base_dims: tuple[int, ...] = (48, 48, 48)
+    # Per stage. The paper's "channels"; timm and the official code store the width per
+    # head instead, base_dims = embed_dim // num_heads (48 for PiT-S), and call num_heads "heads".
+    embed_dim: tuple[int, ...] = (144, 288, 576)
     depth: tuple[int, ...] = (2, 6, 4)
-    heads: tuple[int, ...] = (3, 6, 12)
+    num_heads: tuple[int, ...] = (3, 6, 12)
     mlp_ratio: float = 4.0
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
@@ -49,23 +51,21 @@ class PiTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        if not len(self.base_dims) == len(self.depth) == len(self.heads):
+        if not len(self.embed_dim) == len(self.depth) == len(self.num_heads):
             raise ValueError(
-                f"base_dims, depth and heads need one entry per stage, got lengths "
-                f"{len(self.base_dims)}, {len(self.depth)}, {len(self.heads)}"
+                f"embed_dim, depth and num_heads need one entry per stage, got lengths "
+                f"{len(self.embed_dim)}, {len(self.depth)}, {len(self.num_heads)}"
             )
         check_num_classes(self.num_classes)
         if self.img_size < self.patch_size:
             raise ValueError(f"img_size {self.img_size} is smaller than the stem's kernel {self.patch_size}")
-        if self.stride <= 0 or min(self.base_dims, default=1) <= 0 or min(self.depth, default=1) <= 0:
+        if self.stride <= 0 or min(self.embed_dim, default=1) <= 0 or min(self.depth, default=1) <= 0:
             raise ValueError(
-                f"stride, base_dims and depth must be positive, got stride={self.stride}, "
-                f"base_dims={self.base_dims}, depth={self.depth}"
+                f"stride, embed_dim and depth must be positive, got stride={self.stride}, "
+                f"embed_dim={self.embed_dim}, depth={self.depth}"
             )
-        # Channels are base_dim * heads, so the split is exact by construction: this only
-        # rejects heads <= 0.
-        for base, heads in zip(self.base_dims, self.heads):
-            check_heads(base * heads, heads)
+        for dim, heads in zip(self.embed_dim, self.num_heads):
+            check_heads(dim, heads)
 
     @property
     def stage_sizes(self) -> list[int]:
@@ -110,7 +110,7 @@ class Stage(nn.Module):
         dim: int,
         *,
         depth: int,
-        heads: int,
+        num_heads: int,
         mlp_ratio: float,
         pool: Pooling | None,
         drop: float,
@@ -124,7 +124,7 @@ class Stage(nn.Module):
             *[
                 Block(
                     dim,
-                    num_heads=heads,
+                    num_heads=num_heads,
                     mlp_ratio=mlp_ratio,
                     drop=drop,
                     attn_drop=attn_drop,
@@ -161,7 +161,7 @@ class PiT(nn.Module):
     def __init__(self, config: PiTConfig) -> None:
         super().__init__()
         self.config = config
-        dims = [b * h for b, h in zip(config.base_dims, config.heads)]
+        dims = config.embed_dim  # channels per stage
         side = config.stage_sizes[0]
         # The stem overlaps its windows: kernel 16, stride 8 (a "patch" embedding with overlap).
         self.patch_embed = nn.Conv2d(config.in_chans, dims[0], kernel_size=config.patch_size, stride=config.stride)
@@ -175,7 +175,7 @@ class PiT(nn.Module):
                 Stage(
                     dims[i],
                     depth=config.depth[i],
-                    heads=config.heads[i],
+                    num_heads=config.num_heads[i],
                     mlp_ratio=config.mlp_ratio,
                     pool=Pooling(dims[i - 1], dims[i]) if i > 0 else None,
                     drop=config.drop_rate,
@@ -227,30 +227,25 @@ class PiT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """One map per block, stage after stage (explicit path). Rows (queries) and columns
-        (keys) index the stage's tokens ``[cls, spatial map]``, the map in row-major order.
+        """One map per block, stage after stage (explicit path), collected during one forward
+        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it
+        was). Rows (queries) and columns (keys) index the stage's tokens ``[cls, spatial
+        map]``, the map in row-major order.
 
         Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, 1 + N_i, 1 + N_i);
         N_i = 729, 196, 49 for PiT-S at 224 px.
         """
-        maps = []
-        x, cls_token = self.embed(x)
-        for stage in [cast(Stage, s) for s in self.transformers]:
-            tokens, _ = stage.tokens(x, cls_token)
-            maps += collect_attention_maps(tokens, stage.blocks)
-            x, cls_token = stage(x, cls_token)
-        return maps
+        return [record.attn for record in record_attention_maps(self, x)]
 
 
 CONFIGS: dict[str, PiTConfig] = {
-    # PiT paper, Table 2 (channels = base_dim * heads per stage); counts from timm.
-    "pit_ti_224": PiTConfig(base_dims=(32, 32, 32), heads=(2, 4, 8)),  # 4,847,272 params
-    "pit_xs_224": PiTConfig(base_dims=(48, 48, 48), heads=(2, 4, 8)),  # 10,618,888 params
-    "pit_s_224": PiTConfig(base_dims=(48, 48, 48), heads=(3, 6, 12)),  # 23,461,912 params
+    # PiT paper, Table 2 (channels and heads per stage); counts from timm.
+    "pit_ti_224": PiTConfig(embed_dim=(64, 128, 256), num_heads=(2, 4, 8)),  # 4,847,272 params
+    "pit_xs_224": PiTConfig(embed_dim=(96, 192, 384), num_heads=(2, 4, 8)),  # 10,618,888 params
+    "pit_s_224": PiTConfig(embed_dim=(144, 288, 576), num_heads=(3, 6, 12)),  # 23,461,912 params
     "pit_b_224": PiTConfig(
-        patch_size=14, stride=7, base_dims=(64, 64, 64), depth=(3, 6, 4), heads=(4, 8, 16)
+        patch_size=14, stride=7, embed_dim=(256, 512, 1024), depth=(3, 6, 4), num_heads=(4, 8, 16)
     ),  # 73,764,840 params
 }
 
@@ -261,7 +256,7 @@ FAMILY = FamilyInfo(
     properties=FamilyProperties("PiT", "learned spatial map (C, H, W)", "overlapping conv (k16 s8)", "linear",
                                 "yes (depthwise-conv pooling)", "heo2021pit", "pit_s_224"),
     token_mixers=(Attention,),
-    tiny=("pit_ti_224", dict(base_dims=(8, 8, 8), depth=(1, 2, 2), heads=(1, 2, 4))),
+    tiny=("pit_ti_224", dict(embed_dim=(8, 16, 32), depth=(1, 2, 2), num_heads=(1, 2, 4))),
     benchmark_preset="pit_s_224",
 )  # fmt: skip
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
     Block,
@@ -38,11 +38,11 @@ from vitlab.layers import (
     check_image,
     check_num_classes,
     classifier_head,
-    collect_attention_maps,
     conv_output_size,
     drop_path_rates,
     explicit_attention,
     fused_attention,
+    record_attention_maps,
     sincos_1d_position_embedding,
     with_attn,
 )
@@ -130,6 +130,8 @@ class TokenAttention(nn.Module):
     Shape: x (B, N, dim) -> (B, N, in_dim).
     """
 
+    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.layers.record_attention_maps)
+
     def __init__(self, dim: int, in_dim: int, *, qkv_bias: bool = False, fused_attn: bool = True) -> None:
         super().__init__()
         self.in_dim = in_dim
@@ -167,12 +169,10 @@ class TokenTransformer(nn.Module):
         self.norm2 = nn.LayerNorm(in_dim)
         self.mlp = Mlp(in_dim, int(in_dim * mlp_ratio))
 
-    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N) when ``return_attn``]."""
-        x, attn = self.attn(self.norm1(x), return_attn=True) if return_attn else (self.attn(self.norm1(x)), None)
-        # no "x +" above: the width changes, the skip is inside
-        x = x + self.mlp(self.norm2(x))
-        return with_attn(x, attn, return_attn)
+    def forward(self, x: Tensor) -> Tensor:
+        """Shape: x (B, N, dim) -> (B, N, in_dim)."""
+        x = self.attn(self.norm1(x))  # no "x +": the width changes, the skip is inside
+        return x + self.mlp(self.norm2(x))
 
 
 class TokenPerformer(nn.Module):
@@ -186,6 +186,9 @@ class TokenPerformer(nn.Module):
 
     Shape: x (B, N, dim) -> (B, N, in_dim).
     """
+
+    # Its map (phi(q) phi(k)^T / D: non-negative, rows sum to 1) approximates a softmax self-attention map.
+    attn_kind: ClassVar[AttentionKind] = "self"
 
     def __init__(self, dim: int, in_dim: int, *, kernel_ratio: float = 0.5, drop: float = 0.1) -> None:
         super().__init__()
@@ -265,19 +268,13 @@ class T2TModule(nn.Module):
         side = math.isqrt(x.shape[1])
         return rearrange(x, "B (H W) C -> B C H W", H=side, W=side)
 
-    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Shape: x (B, C, H, W) -> (B, N, D) [, maps [(B, 1, 3136, 3136), (B, 1, 784, 784)]]."""
-        maps = []
+    def forward(self, x: Tensor) -> Tensor:
+        """Shape: x (B, C, H, W) -> (B, N, D)."""
         x = self.soft_split0(x).transpose(1, 2)  # (B, 3136, 147): 56 x 56 windows of 7 x 7 x 3
         for attention, soft_split in ((self.attention1, self.soft_split1), (self.attention2, self.soft_split2)):
-            if return_attn:
-                x, attn = attention(x, return_attn=True)
-                maps.append(attn)
-            else:
-                x = attention(x)
+            x = attention(x)
             x = soft_split(self.restructurize(x)).transpose(1, 2)  # (B, 784, 576), then (B, 196, 576)
-        x = self.project(x)  # (B, 196, D)
-        return (x, maps) if return_attn else x
+        return self.project(x)  # (B, 196, D)
 
 
 class T2TViT(nn.Module):
@@ -331,19 +328,12 @@ class T2TViT(nn.Module):
 
         Shape: x (B, C, H, W) -> (B, 1 + N, D).
         """
-        return self._embed(x)[0]
-
-    def _embed(self, x: Tensor, return_attn: bool = False) -> tuple[Tensor, list[Tensor]]:
         size = self.config.img_size
         # The position embedding is built for one token grid, so only img_size is accepted.
         check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1), img_size=(size, size))
-        maps: list[Tensor] = []
-        if return_attn:
-            x, maps = self.tokens_to_token(x, return_attn=True)  # (B, N, D)
-        else:
-            x = self.tokens_to_token(x)  # (B, N, D)
+        x = self.tokens_to_token(x)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
-        return self.pos_drop(x + self.pos_embed), maps
+        return self.pos_drop(x + self.pos_embed)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, 1 + N, D), after the final norm."""
@@ -358,9 +348,9 @@ class T2TViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes), from the cls token."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path).
+        """Every attention map, in forward order (explicit path), collected during one forward
+        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it was).
 
         First the two token layers of the T2T module, one head each, rows and columns the
         tokens of one soft split (56 x 56, then 28 x 28 windows at 224 px, row-major): the
@@ -369,8 +359,7 @@ class T2TViT(nn.Module):
 
         Shape: x (B, C, H, W) -> [(B, 1, 3136, 3136), (B, 1, 784, 784)] + depth x (B, h, 1 + N, 1 + N).
         """
-        tokens, maps = self._embed(x, return_attn=True)
-        return maps + collect_attention_maps(tokens, self.blocks)
+        return [record.attn for record in record_attention_maps(self, x)]
 
 
 CONFIGS: dict[str, T2TViTConfig] = {

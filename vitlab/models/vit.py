@@ -3,6 +3,11 @@
 Reads top to bottom: config -> model -> paper presets -> timm weight conversion.
 Attribute names follow timm (``patch_embed``, ``cls_token``, ``pos_embed``, ``blocks``,
 ``norm``, ``head``), so timm's weights load with no renames.
+
+DeiT (chapter 4, :mod:`vitlab.models.deit`) is this model with ``distilled=True``: a
+second learned token, ``dist_token``, right after the cls token, and a second head,
+``head_dist``, on it (timm's ``VisionTransformerDistilled`` names). Every line that
+exists only for it says so.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from vitlab.layers import (
     check_num_classes,
     check_patch_encoder_config,
     classifier_head,
-    collect_attention_maps,
     encoder_blocks,
     learned_position_embedding,
+    record_attention_maps,
     sincos_2d_position_embedding,
 )
 from vitlab.models._init import init_vit_weights
@@ -45,6 +50,7 @@ class ViTConfig:
     class_token: bool = True
     global_pool: Literal["token", "avg"] = "token"
     pos_embed: Literal["learned", "sincos"] = "learned"
+    distilled: bool = False  # DeiT: + distillation token, + head_dist
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -66,6 +72,11 @@ class ViTConfig:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.pos_embed not in ("learned", "sincos"):
             raise ValueError(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
+        if self.distilled and (not self.class_token or self.global_pool != "token"):
+            raise ValueError(
+                "distilled=True needs class_token=True and global_pool='token' (the two heads read the two "
+                f"tokens), got class_token={self.class_token}, global_pool={self.global_pool!r}"
+            )
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -75,12 +86,22 @@ class ViTConfig:
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
 
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: cls (if any), plus DeiT's distillation token."""
+        return int(self.class_token) + int(self.distilled)
+
 
 class ViT(nn.Module):
     """Vision Transformer: patch embedding, [cls] token, position embedding, pre-norm
     encoder blocks, final LayerNorm, linear head on the cls token (or the mean token).
 
-    Shape: images (B, C, H, W) -> logits (B, num_classes).
+    A distilled model (DeiT⚗) returns ``(cls_logits, dist_logits)`` in training mode, so a
+    distillation loss can supervise each head, and their mean in eval mode, as the
+    official ``DistilledVisionTransformer`` does.
+
+    Shape: images (B, C, H, W) -> logits (B, num_classes), or a pair of them when
+    ``config.distilled`` and ``self.training``.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -88,12 +109,14 @@ class ViT(nn.Module):
         self.config = config
         D = config.embed_dim
         self.patch_embed = PatchEmbed(config.img_size, config.patch_size, config.in_chans, D)
-        self.num_prefix_tokens = 1 if config.class_token else 0
+        self.num_prefix_tokens = config.num_prefix_tokens
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if config.distilled else None  # DeiT
+        # One position per token, prefix tokens included: (1, N + 1, D), or (1, N + 2, D) for DeiT⚗.
         num_tokens = config.num_patches + self.num_prefix_tokens
         if config.pos_embed == "learned":
             self.pos_embed = learned_position_embedding(num_tokens, D)
-        else:  # fixed: zeros for the cls token, 2-D sin-cos for the patches
+        else:  # fixed: zeros for the prefix tokens, 2-D sin-cos for the patches
             table = sincos_2d_position_embedding(config.grid_size, D)
             table = torch.cat([torch.zeros(self.num_prefix_tokens, D), table])
             self.register_buffer("pos_embed", table[None], persistent=False)
@@ -112,46 +135,64 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
         self.head = classifier_head(D, config.num_classes)
+        self.head_dist = classifier_head(D, config.num_classes) if config.distilled else None  # DeiT
         init_vit_weights(self)
 
     def embed(self, x: Tensor) -> Tensor:
-        """Patch tokens, cls token prepended, position embedding added.
+        """Patch tokens, cls (and dist) token prepended, position embedding added.
 
-        Shape: x (B, C, H, W) -> (B, 1 + N, D).
+        Shape: x (B, C, H, W) -> (B, 1 + N, D), or (B, 2 + N, D) when distilled.
         """
         x = self.patch_embed(x)  # (B, N, D); raises on a wrong channel count or size
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        B = x.shape[0]
+        prefix = [token.expand(B, -1, -1) for token in (self.cls_token, self.dist_token) if token is not None]
+        x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, D): dist right after cls, as in DeiT's code
         return self.pos_drop(x + self.pos_embed)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Shape: x (B, C, H, W) -> (B, 1 + N, D), after the final norm."""
+        """Shape: x (B, C, H, W) -> (B, prefix + N, D), after the final norm."""
         return self.norm(self.blocks(self.embed(x)))
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Pool the tokens (cls token or mean of the patch tokens) and classify.
 
-        Shape: x (B, 1 + N, D) -> (B, num_classes), or the pooled (B, D) with ``pre_logits``.
+        A distilled model also classifies the dist token with ``head_dist``; with
+        ``pre_logits`` it returns the mean of the cls and dist tokens (as timm).
+
+        Shape: x (B, prefix + N, D) -> (B, num_classes) [a pair in distilled training],
+        or the pooled (B, D) with ``pre_logits``.
         """
         if self.config.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)
+            x_cls = x[:, self.num_prefix_tokens :].mean(dim=1)
         else:
-            x = x[:, 0]
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
+            x_cls = x[:, 0]
+        x_cls = self.head_drop(x_cls)
+        if self.head_dist is None:
+            return x_cls if pre_logits else self.head(x_cls)
+        # DeiT⚗ from here on: the dist token has its own head.
+        x_dist = self.head_drop(x[:, 1])
+        if pre_logits:
+            return (x_cls + x_dist) / 2
+        cls_logits, dist_logits = self.head(x_cls), self.head_dist(x_dist)
+        if self.training:
+            # NOTE(paper): as the official code; timm returns the pair only after
+            # ``set_distilled_training(True)`` and the mean otherwise.
+            return cls_logits, dist_logits
+        return (cls_logits + dist_logits) / 2  # inference: average the two heads
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Shape: x (B, C, H, W) -> (B, num_classes)."""
+    def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, C, H, W) -> (B, num_classes) [or a pair, see the class docstring]."""
         return self.forward_head(self.forward_features(x))
 
-    @torch.no_grad()
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Attention maps of every block (explicit path). Rows (queries) and columns (keys)
-        index the same tokens, ``[cls, patches]`` with the patches in row-major grid order.
+        """Attention maps of every block (explicit path), collected during one forward pass
+        (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it was).
+        Rows (queries) and columns (keys) index the same tokens, ``[cls, (dist,) patches]``
+        with the patches in row-major grid order.
 
-        Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
+        Shape: x (B, C, H, W) -> depth x (B, h, prefix + N, prefix + N).
         """
-        return collect_attention_maps(self.embed(x), self.blocks)
+        return [record.attn for record in record_attention_maps(self, x)]
 
 
 CONFIGS: dict[str, ViTConfig] = {
