@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import Tensor, nn
 
 import vitlab
+from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAME = "cross_attention_fusion"
 
@@ -21,8 +21,11 @@ NAME = "cross_attention_fusion"
 def fusion_ok(
     x: Tensor, other: Tensor, f: nn.Module, g: nn.Module, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor,
     num_heads: int, *, keys: str = "right", residual: str = "right", use_g: bool = True, use_wo: bool = True,
+    heads: str = "h d", merge: str = "h d", scale: str = "head", softmax: str = "torch",
 ) -> Tensor:  # fmt: skip
-    """Plain matrix products and view/transpose (the check uses einops and F.linear)."""
+    """Plain matrix products and view/transpose (the check uses einops and F.linear). The keywords make
+    known mistakes: ``heads``/``merge`` the channel order of the split and of the merge, ``scale`` "width"
+    (C_j**-0.5), ``softmax`` "naive" (exp / sum) or "queries" (dim=2)."""
     B, C = x.shape[0], other.shape[-1]
     d = C // num_heads
     t = f(x[:, 0:1])  # (B, 1, C)
@@ -33,11 +36,22 @@ def fusion_ok(
         "own": lambda: torch.cat((t, x[:, 1:]), dim=1),
     }[keys]()
     T = z.shape[1]
-    q = (t @ wq.T).view(B, 1, num_heads, d).transpose(1, 2)
-    k = (z @ wk.T).view(B, T, num_heads, d).transpose(1, 2)
-    v = (z @ wv.T).view(B, T, num_heads, d).transpose(1, 2)
-    weights = torch.softmax(q @ k.transpose(2, 3) / d**0.5, dim=3)  # (B, h, 1, T)
-    out = (weights @ v).transpose(1, 2).reshape(B, 1, C)
+
+    def split(y: Tensor, n: int) -> Tensor:  # (B, n, C) -> (B, h, n, d)
+        if heads == "d h":
+            return y.view(B, n, d, num_heads).permute(0, 3, 1, 2)
+        return y.view(B, n, num_heads, d).transpose(1, 2)
+
+    q, k, v = split(t @ wq.T, 1), split(z @ wk.T, T), split(z @ wv.T, T)
+    logits = q @ k.transpose(2, 3) / (C**0.5 if scale == "width" else d**0.5)  # (B, h, 1, T)
+    if softmax == "naive":
+        weights = torch.exp(logits) / torch.exp(logits).sum(3, keepdim=True)
+    else:
+        weights = torch.softmax(logits, dim=2 if softmax == "queries" else 3)
+    if merge == "d h":
+        out = (weights @ v).permute(0, 2, 3, 1).reshape(B, 1, C)
+    else:
+        out = (weights @ v).transpose(1, 2).reshape(B, 1, C)
     if use_wo:
         out = out @ wo.T
     back = g if use_g else (lambda y: y)
@@ -80,6 +94,13 @@ WRONG = [
     W(lambda *a: fusion_ok(*a, use_wo=False), "output projection wo is missing", id="no_wo"),
     W(lambda x, o, f, g, wq, wk, wv, wo, h: fusion_ok(x, o, f, g, wq.T, wk.T, wv.T, wo.T, h), "transposed",
       id="transposed"),
+    W(lambda *a: fusion_ok(*a, scale="width"), "scaled by C_j**-0.5, the whole width", id="scale_by_width"),
+    W(lambda *a: fusion_ok(*a, merge="d h"), "the heads are merged (d h)", id="merged_d_h"),
+    W(lambda *a: fusion_ok(*a, heads="d h", merge="d h"), "split into heads (d h), so head g",
+      id="split_and_merged_d_h"),
+    W(lambda *a: fusion_ok(*a, heads="d h"), "split into heads (d h) but merged (h d)", id="split_d_h"),
+    W(lambda *a: fusion_ok(*a, softmax="queries"), "with one query every weight is 1", id="softmax_over_queries"),
+    W(lambda *a: fusion_ok(*a, softmax="naive"), "exp(x) / sum(exp(x)), which overflows", id="naive_softmax"),
 ]  # fmt: skip
 
 
@@ -88,9 +109,15 @@ def test_each_known_mistake_is_named(capsys: pytest.CaptureFixture[str], fn: Any
     assert_named_mistake(capsys, NAME, fn, words)
 
 
+def test_a_softmax_that_overflows_fails_on_the_large_logit_case_only(capsys: pytest.CaptureFixture[str]) -> None:
+    result, _ = run(capsys, NAME, lambda *a: fusion_ok(*a, softmax="naive"))
+    assert result.cases_total is not None and result.cases_passed == result.cases_total - 1
+    assert result.case is not None and "large logits" in result.case
+
+
 def test_an_unknown_mistake_says_what_differs(capsys: pytest.CaptureFixture[str]) -> None:
     result, line = run(capsys, NAME, lambda *a: fusion_ok(*a) * 1.5)
-    assert not result and result.erratum is None and "values differ" in line
+    assert not result and result.pitfall is None and "values differ" in line
 
 
 def test_returning_only_the_cls_token_is_a_shape_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,6 +37,25 @@ def instance_norm(x: Tensor, bn: nn.BatchNorm2d, dims: tuple[int, ...]) -> Tenso
     return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight.view(1, -1, 1, 1) + bn.bias.view(1, -1, 1, 1)
 
 
+def batch_norm_by_hand(
+    scores: Tensor, theta: Tensor, bn: nn.BatchNorm2d, *, unbiased: bool = False, eps: float | None = None,
+    affine: bool = True,
+) -> Tensor:  # fmt: skip
+    """The right answer with the BatchNorm by hand (``torch.var``); the keywords make its slips."""
+    x = mixed(scores.softmax(-1), theta)
+    mean, var = x.mean((0, 2, 3), keepdim=True), x.var((0, 2, 3), unbiased=unbiased, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + (bn.eps if eps is None else eps))
+    return y * bn.weight.view(1, -1, 1, 1) + bn.bias.view(1, -1, 1, 1) if affine else y
+
+
+def mean_of_squares(scores: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    """Right, with the variance as E[x^2] - E[x]^2 (less accurate in float32, still within the check's tolerance)."""
+    x = mixed(scores.softmax(-1), theta)
+    mean = x.mean((0, 2, 3), keepdim=True)
+    var = (x * x).mean((0, 2, 3), keepdim=True) - mean**2
+    return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight.view(1, -1, 1, 1) + bn.bias.view(1, -1, 1, 1)
+
+
 def layer_norm_over_heads(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
     y = nn.functional.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), bn.weight, bn.bias, eps=bn.eps)
     return y.permute(0, 3, 1, 2)
@@ -59,13 +78,40 @@ WRONG = {
         "normalised on its own",
     ),
     "softmax over queries": (lambda s, t, bn: bn(mixed(s.softmax(-2), t)), "over the queries"),
+    "unbiased variance": (lambda s, t, bn: batch_norm_by_hand(s, t, bn, unbiased=True), "the unbiased variance"),
+    "running statistics": (lambda s, t, bn: bn.eval()(mixed(s.softmax(-1), t)), "uses its running statistics"),
+    "no affine": (lambda s, t, bn: batch_norm_by_hand(s, t, bn, affine=False), "affine is missing"),
+    "no eps": (lambda s, t, bn: batch_norm_by_hand(s, t, bn, eps=0.0), "eps is missing"),
+    "naive softmax": (
+        lambda s, t, bn: bn(mixed(torch.exp(s) / torch.exp(s).sum(-1, keepdim=True), t)),
+        "exp(x) / sum(exp(x)), which overflows",
+    ),
 }
 
 
-@pytest.mark.parametrize("fn", [right_manual, right_conv], ids=["manual", "conv"])
+@pytest.mark.parametrize(
+    "fn", [right_manual, right_conv, batch_norm_by_hand, mean_of_squares], ids=["manual", "conv", "var", "squares"]
+)
 def test_right_answers_pass(fn, capsys) -> None:
     result = vitlab.checks.re_attention_map(fn)
     assert result.passed, capsys.readouterr().out
+
+
+def test_a_softmax_that_overflows_fails_on_the_large_score_case_only() -> None:
+    result = vitlab.checks.re_attention_map(WRONG["naive softmax"][0])
+    assert result.cases_total is not None and result.cases_passed == result.cases_total - 1
+    assert result.case is not None and "large scores" in result.case
+
+
+def test_the_near_uniform_case_alone_catches_a_missing_eps() -> None:
+    """A BatchNorm without eps, used only where the scores are small, still fails, and is named there."""
+
+    def no_eps_on_small_scores(scores: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+        return batch_norm_by_hand(scores, theta, bn, eps=0.0 if scores.abs().max() < 1 else None)
+
+    result = vitlab.checks.re_attention_map(no_eps_on_small_scores)
+    assert result.cases_total is not None and result.cases_passed == result.cases_total - 1
+    assert result.case is not None and "small scores" in result.case and "eps is missing" in result.message
 
 
 @pytest.mark.parametrize("name", list(WRONG))
@@ -99,3 +145,70 @@ def test_reference_is_the_models_forward() -> None:
         theta = module.reatten_matrix.weight[:, :, 0, 0].T  # θ[h, g] = W[g, h]
         got = _re_attention_map(scores, theta, module.var_norm)
     torch.testing.assert_close(got, expected)
+
+
+# --- Exercise 1: re-attention with a LayerNorm across the heads (lucidrains' variant) ---
+
+
+def ln_right_module(attn: Tensor, theta: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """As lucidrains' vit-pytorch writes it: an nn.LayerNorm(H) between two permutes."""
+    H = theta.shape[0]
+    norm = nn.LayerNorm(H)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+        norm.bias.copy_(bias)
+    mixed = torch.einsum("bhij,hg->bgij", attn, theta)
+    return norm(mixed.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def ln_right_manual(attn: Tensor, theta: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Written independently: a matrix product over the heads and the statistics by hand."""
+    mixed = (attn.permute(0, 2, 3, 1) @ theta).permute(0, 3, 1, 2)  # (B, H, N, N)
+    mean = mixed.mean(dim=1, keepdim=True)
+    var = ((mixed - mean) ** 2).mean(dim=1, keepdim=True)
+    return (mixed - mean) / torch.sqrt(var + 1e-5) * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+
+
+def standardise(x: Tensor, dims: tuple[int, ...], w: Tensor, b: Tensor, unbiased: bool = False) -> Tensor:
+    mean, var = x.mean(dims, keepdim=True), x.var(dims, unbiased=unbiased, keepdim=True)
+    return (x - mean) / torch.sqrt(var + 1e-5) * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)
+
+
+LN_WRONG = {
+    "batchnorm per head": (lambda a, t, w, b: standardise(mixed(a, t), (0, 2, 3), w, b), "official BatchNorm2d"),
+    "over the keys": (lambda a, t, w, b: standardise(mixed(a, t), (3,), w, b), "over the keys"),
+    "per image": (lambda a, t, w, b: standardise(mixed(a, t), (1, 2, 3), w, b), "GroupNorm with one group"),
+    "transposed theta": (lambda a, t, w, b: ln_right_manual(a, t.T, w, b), "instead of its transpose"),
+    "unbiased variance": (lambda a, t, w, b: standardise(mixed(a, t), (1,), w, b, True), "unbiased"),
+    "no affine": (
+        lambda a, t, w, b: ln_right_manual(a, t, torch.ones_like(w), torch.zeros_like(b)),
+        "not applied",
+    ),
+}
+
+
+@pytest.mark.parametrize("fn", [ln_right_module, ln_right_manual], ids=["module", "manual"])
+def test_layernorm_variant_right_answers_pass(fn, capsys) -> None:
+    result = vitlab.checks.re_attention_layernorm(fn)
+    assert result.passed, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(LN_WRONG))
+def test_layernorm_variant_wrong_answers_are_named(name: str) -> None:
+    fn, words = LN_WRONG[name]
+    result = vitlab.checks.re_attention_layernorm(fn)
+    assert not result.passed
+    assert words in result.message, result.message
+
+
+def test_layernorm_variant_random_answer_fails_unnamed() -> None:
+    result = vitlab.checks.re_attention_layernorm(lambda a, t, w, b: torch.randn_like(a))
+    assert not result.passed
+    assert result.status == "failed"
+
+
+def test_layernorm_variant_stub_is_todo() -> None:
+    def stub(attn, theta, weight, bias):
+        raise NotImplementedError
+
+    assert vitlab.checks.re_attention_layernorm(stub).status == "not implemented"

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import Tensor
 
 import vitlab
 import vitlab.checks as checks
+from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from vitlab.checks import encoder as encoder_checks
 from vitlab.layers import Block
 from vitlab.models.vit import ViT, ViTConfig
 
-NAMES = ["encoder_block", "vit_param_count"]
+NAMES = ["encoder_block", "vit_param_count", "post_norm_block"]
 
 # ---------------------------------------------------------------- right answers
 
@@ -44,7 +44,16 @@ def count_ok(embed_dim: int, depth: int, patch_size: int, num_classes: int, img_
     return embedding + depth * per_block + 2 * D + num_classes * (D + 1)
 
 
-SOLUTIONS: dict[str, Callable[..., Any]] = {"encoder_block": block_ok, "vit_param_count": count_ok}
+def post_norm_ok(x: Tensor, block: Block) -> Tensor:
+    x = layer_norm(block.attn(x) + x, block.norm1)
+    return layer_norm(block.mlp(x) + x, block.norm2)
+
+
+SOLUTIONS: dict[str, Callable[..., Any]] = {
+    "encoder_block": block_ok,
+    "vit_param_count": count_ok,
+    "post_norm_block": post_norm_ok,
+}
 
 # ---------------------------------------------------------------- known wrong answers
 
@@ -52,6 +61,17 @@ SOLUTIONS: dict[str, Callable[..., Any]] = {"encoder_block": block_ok, "vit_para
 def post_norm(x: Tensor, b: Block) -> Tensor:
     x = b.norm1(b.attn(x) + x)  # the original Transformer: LN after the residual add
     return b.norm2(b.mlp(x) + x)
+
+
+def attention_by_hand(x: Tensor, b: Block, *, naive: bool = False) -> Tensor:
+    """The block with its attention written out from block.attn's qkv and proj; ``naive``: exp / sum softmax."""
+    B, N, C = x.shape
+    h = b.attn.num_heads
+    q, k, v = b.attn.qkv(layer_norm(x, b.norm1)).view(B, N, 3, h, C // h).permute(2, 0, 3, 1, 4)
+    logits = q @ k.transpose(-2, -1) * (C // h) ** -0.5  # (B, h, N, N)
+    weights = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True) if naive else logits.softmax(-1)
+    x = x + b.attn.proj((weights @ v).transpose(1, 2).reshape(B, N, C))
+    return x + b.mlp(layer_norm(x, b.norm2))
 
 
 def normalised_residual(x: Tensor, b: Block) -> Tensor:
@@ -75,7 +95,7 @@ def without(*parts: str) -> Callable[..., int]:
     return fn
 
 
-W = pytest.param  # (check, student function, words the message must contain, erratum)
+W = pytest.param  # (check, student function, words the message must contain, pitfall)
 WRONG = [
     W("encoder_block", post_norm, "post-norm, LN(x + f(x))", None, id="post_norm"),
     W("encoder_block", lambda x, b: b.mlp(b.norm2(b.attn(b.norm1(x)))), "no residual connections", None,
@@ -91,7 +111,9 @@ WRONG = [
       id="parallel"),
     W("encoder_block", lambda x, b: (y := x + b.attn(b.norm1(x))) + b.mlp(b.norm1(y)), "norm1 is used before the MLP",
       None, id="norm1_twice"),
-    W("vit_param_count", without("cls", "pos"), "torchsummary total", 4, id="torchsummary"),
+    W("encoder_block", lambda x, b: attention_by_hand(x, b, naive=True), "exp(x) / sum(exp(x)), which overflows", None,
+      id="naive_softmax"),
+    W("vit_param_count", without("cls", "pos"), "torchsummary total", 6, id="torchsummary"),
     W("vit_param_count", without("cls"), "class token (D)", None, id="no_cls_token"),
     W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - D, "(1 + N) * D, not N * D", None,
       id="pos_embed_rows"),
@@ -104,6 +126,17 @@ WRONG = [
       id="one_channel"),
     W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - ((img // P) ** 2 - img // P) * D,
       "counts the patches along one side", None, id="patches_one_side"),
+    W("post_norm_block", block_ok, "ViT's pre-norm block", None, id="post_norm_is_not_pre_norm"),
+    W("post_norm_block", lambda x, b: (y := x + b.norm1(b.attn(x))) + b.norm2(b.mlp(y)), "sub-layer's output only",
+      None, id="post_norm_on_branch"),
+    W("post_norm_block", lambda x, b: b.norm2(b.mlp(b.norm1(b.attn(x)))), "no residual connections", None,
+      id="post_norm_no_residual"),
+    W("post_norm_block", lambda x, b: b.norm2(b.norm1(b.attn(x) + x) + b.mlp(x)), "MLP reads the block's input",
+      None, id="post_norm_mlp_reads_input"),
+    W("post_norm_block", lambda x, b: b.norm1((y := b.norm2(b.attn(x) + x)) + b.mlp(y)), "swapped", None,
+      id="post_norm_swapped"),
+    W("post_norm_block", lambda x, b: b.norm2((y := b.norm1(x + b.attn(b.norm1(x)))) + b.mlp(b.norm2(y))),
+      "also reads a normalised copy", None, id="post_norm_sandwich"),
 ]  # fmt: skip
 
 
@@ -116,6 +149,20 @@ def test_block_reference_is_vitlab_block() -> None:
         x = torch.randn(2, 7, C, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
             torch.testing.assert_close(encoder_checks._pre_norm(x, block), Block.forward(block, x))
+
+
+def test_post_norm_reference_is_vaswani_post_norm() -> None:
+    """The reference written with torch.nn.functional, independently of the check's code."""
+    block = encoder_checks._block(16, 4, 3)
+    x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(encoder_checks._post_norm(x, block), post_norm_ok(x, block))
+        assert not torch.allclose(encoder_checks._post_norm(x, block), Block.forward(block, x))
+
+
+def test_a_random_post_norm_answer_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, "post_norm_block", lambda x, b: torch.randn(x.shape, generator=torch.Generator()))
+    assert not result and "values differ from the reference" in line
 
 
 def test_count_reference_is_vitlab_count() -> None:
@@ -142,11 +189,20 @@ def test_correct_solution_passes(capsys: pytest.CaptureFixture[str], name: str) 
     assert_passes(capsys, name, SOLUTIONS[name])
 
 
-@pytest.mark.parametrize(("name", "fn", "words", "erratum"), WRONG)
+@pytest.mark.parametrize(("name", "fn", "words", "pitfall"), WRONG)
 def test_known_wrong_answer_fails_with_its_message(
-    capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str, erratum: int | None
+    capsys: pytest.CaptureFixture[str], name: str, fn: Callable[..., Any], words: str, pitfall: int | None
 ) -> None:
-    assert_named_mistake(capsys, name, fn, words, erratum)
+    assert_named_mistake(capsys, name, fn, words, pitfall)
+
+
+def test_attention_by_hand_passes_and_its_naive_softmax_fails_on_large_logits_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert_passes(capsys, "encoder_block", attention_by_hand)
+    result, line = run(capsys, "encoder_block", lambda x, b: attention_by_hand(x, b, naive=True))
+    assert result.cases_total is not None and result.cases_passed == result.cases_total - 1
+    assert result.case is not None and "large attention logits" in result.case and "overflows" in line
 
 
 def test_calling_the_block_itself_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,7 +226,9 @@ def test_crash_wrong_shape_and_missing_return_fail(capsys: pytest.CaptureFixture
                                        line)  # fmt: skip
     result, line = run(capsys, name, lambda *args: torch.zeros(3, 1))
     assert not result and line.endswith(
-        "expected shape (1, 5, 8), got (3, 1)" if name == "encoder_block" else "got a tensor of shape (3, 1)"
+        "expected shape (1, 5, 8), got (3, 1)"
+        if name in ("encoder_block", "post_norm_block")
+        else "got a tensor of shape (3, 1)"
     )
     result, line = run(capsys, name, lambda *args: None)
     assert not result and line.endswith("returned None (is a `return` missing?)")

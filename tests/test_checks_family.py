@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from vitlab.checks import family as family_checks
 from vitlab.family import count_macs
 from vitlab.layers import Block, explicit_attention

@@ -64,7 +64,14 @@ def with_one_change(change: str) -> Callable[..., Tensor]:
             fmap = spatial.transpose(1, 2).reshape(B, C, W, H).transpose(2, 3)
         else:
             fmap = spatial.transpose(1, 2).reshape(B, C, H, W)
-        pooled = F.conv2d(fmap, cw, cb, stride=2, padding=0 if change == "no_padding" else 1, groups=C)
+        if change == "repeated":  # the channels tiled, one group per output channel
+            pooled = F.conv2d(fmap.repeat(1, 2, 1, 1), cw, cb, stride=2, padding=1, groups=2 * C)
+        elif change in ("reflect", "replicate"):
+            pooled = F.conv2d(F.pad(fmap, (1, 1, 1, 1), mode=change), cw, cb, stride=2, groups=C)
+        elif change == "same":  # TensorFlow's SAME, k 3, stride 2: an even side gets no padding before it
+            pooled = F.conv2d(F.pad(fmap, (W % 2, 1, H % 2, 1)), cw, cb, stride=2, groups=C)
+        else:
+            pooled = F.conv2d(fmap, cw, cb, stride=2, padding=0 if change == "no_padding" else 1, groups=C)
         if change == "naive_tokens":
             out = pooled.reshape(B, -1, 2 * C)
         elif change == "swapped_hw":
@@ -107,6 +114,10 @@ def test_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Callable[...
         ("no_cls", "cls token is missing"),
         ("cls_last", "put back at the end"),
         ("no_padding", "not padded"),
+        ("repeated", "tiled with repeat"),
+        ("reflect", "padded by reflection"),
+        ("replicate", "repeating its border"),
+        ("same", "lopsided, TensorFlow's 'SAME'"),
     ],
 )
 def test_wrong_answers_are_named(capsys: pytest.CaptureFixture[str], change: str, words: str) -> None:

@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import Tensor, nn
 
 import vitlab
+import vitlab.checks
+from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 # ---------------------------------------------------------------- right answers, written independently
 
@@ -33,17 +34,37 @@ def split_ok(x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
     return rearrange(windows, "B C h w k1 k2 -> B (h w) (C k1 k2)")
 
 
+def windows_channels_last(x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
+    """split_ok with each window flattened (k1 k2 c), as patchify does."""
+    windows = F.pad(x, (padding,) * 4).unfold(2, kernel, stride).unfold(3, kernel, stride)
+    return rearrange(windows, "B C h w k1 k2 -> B (h w) (k1 k2 C)")
+
+
+def pad(x: Tensor, padding: int, mode: str) -> Tensor:
+    return F.pad(x, (padding,) * 4, mode=mode)
+
+
+def tf_same(x: Tensor, kernel: int, stride: int) -> Tensor:
+    """TensorFlow's padding="SAME": ceil(n / stride) windows, the odd padding row and column at the end."""
+    pads = []
+    for n in (x.shape[3], x.shape[2]):
+        total = max((math.ceil(n / stride) - 1) * stride + kernel - n, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads)
+
+
 @pytest.mark.parametrize("fn", [count_ok, count_by_listing], ids=["floor", "range"])
 def test_token_count_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Any) -> None:
     assert_passes(capsys, "t2t_token_count", fn)
     assert [fn(*c) for c in ((224, 7, 4, 2), (56, 3, 2, 1), (28, 3, 2, 1))] == [56, 28, 14]  # the paper's grids
 
 
-W = pytest.param  # (student function, words, erratum, first failing case)
+W = pytest.param  # (student function, words, pitfall, first failing case)
 COUNT_WRONG = [
-    W(lambda n, k, s, p: (n + 2 * p - k) / (k - s) + 1, "the note's formula, (size", 9, "size=224,", id="note"),
-    W(lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1, "divides by the overlap", 9, "size=224,", id="overlap"),
-    W(lambda n, k, s, p: (n + 2 * p - k) / (k - s), "formula for the width", 9, "size=224,", id="note_width"),
+    W(lambda n, k, s, p: (n + 2 * p - k) / (k - s) + 1, "k - s, and is not floored", 11, "size=224,", id="note"),
+    W(lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1, "this divides by the overlap", 11, "size=224,",
+      id="overlap"),
+    W(lambda n, k, s, p: (n + 2 * p - k) / (k - s), "also drops the + 1", 11, "size=224,", id="note_width"),
     W(lambda n, k, s, p: (n + 2 * p - k) / s + 1, "not floored", None, "size=224,", id="no_floor"),
     W(lambda n, k, s, p: (n + 2 * p - k) // s, "+ 1 is missing", None, "size=224,", id="no_plus_one"),
     W(lambda n, k, s, p: n // s, "size // stride", None, "size=16,", id="size_over_stride"),
@@ -51,11 +72,11 @@ COUNT_WRONG = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("fn", "words", "erratum", "where"), COUNT_WRONG)
+@pytest.mark.parametrize(("fn", "words", "pitfall", "where"), COUNT_WRONG)
 def test_token_count_mistakes_are_named(
-    capsys: pytest.CaptureFixture[str], fn: Any, words: str, erratum: int | None, where: str
+    capsys: pytest.CaptureFixture[str], fn: Any, words: str, pitfall: int | None, where: str
 ) -> None:
-    assert_named_mistake(capsys, "t2t_token_count", fn, words, erratum)
+    assert_named_mistake(capsys, "t2t_token_count", fn, words, pitfall)
     _, line = run(capsys, "t2t_token_count", fn)
     assert f"/10: {where}" in line  # the first case where the mistake shows
 
@@ -80,6 +101,11 @@ def test_soft_split_right_answers_pass_and_say_the_check_cannot_see_unfold(
     [
         W(lambda x, k, s, p: F.unfold(x, k, stride=s, padding=p), "transpose it to tokens", id="no_transpose"),
         W(lambda x, k, s, p: split_ok(x, k, s, 0), "padding is missing", id="no_padding"),
+        W(lambda x, k, s, p: windows_channels_last(x, k, s, p), "flattened (k1 k2 c)", id="window_order"),
+        W(lambda x, k, s, p: split_ok(F.pad(x, (p, p, 0, 0)), k, s, 0), "only the width is padded", id="width_only"),
+        W(lambda x, k, s, p: split_ok(pad(x, p, "reflect"), k, s, 0), "padded by reflection", id="reflect"),
+        W(lambda x, k, s, p: split_ok(pad(x, p, "replicate"), k, s, 0), "repeating its border", id="replicate"),
+        W(lambda x, k, s, p: split_ok(tf_same(x, k, s), k, s, 0), "lopsided, TensorFlow's 'SAME'", id="same"),
     ],
 )
 def test_soft_split_mistakes_are_named(capsys: pytest.CaptureFixture[str], fn: Any, words: str) -> None:
@@ -97,3 +123,68 @@ def test_the_reference_count_is_the_models_grid() -> None:
     assert grids == list(cfg.grid_sizes)
     tokens = nn.Unfold(7, stride=4, padding=2)(torch.zeros(1, 3, 224, 224)).shape[-1]
     assert tokens == grids[0] ** 2
+
+
+# --- t2t_grids: a non-square image through all three soft splits ---
+
+
+def grids_by_unfold(height: int, width: int) -> torch.Tensor:
+    """Written independently: run nn.Unfold three times on a one-channel image and read the grids."""
+    x, grids = torch.zeros(1, 1, height, width), []
+    for k, s, p in ((7, 4, 2), (3, 2, 1), (3, 2, 1)):
+        cols = torch.nn.functional.unfold(x, k, stride=s, padding=p)  # (1, k*k, L)
+        rows_out = (x.shape[2] + 2 * p - k) // s + 1
+        cols_out = cols.shape[-1] // rows_out
+        grids.append((rows_out, cols_out))
+        x = torch.zeros(1, 1, rows_out, cols_out)
+    return torch.tensor(grids)
+
+
+def grids_formula(height: int, width: int, side=lambda n, k, s, p: (n + 2 * p - k) // s + 1) -> torch.Tensor:
+    out, h, w = [], height, width
+    for k, s, p in ((7, 4, 2), (3, 2, 1), (3, 2, 1)):
+        h, w = side(h, k, s, p), side(w, k, s, p)
+        out.append((h, w))
+    return torch.tensor(out)
+
+
+GRID_WRONG = {
+    "square": (lambda h, w: grids_formula(h, h), "square image assumed"),
+    "swapped": (lambda h, w: grids_formula(h, w).flip(-1), "swapped"),
+    "size // stride": (lambda h, w: grids_formula(h, w, lambda n, k, s, p: n // s), "n // stride"),
+    "overlap": (lambda h, w: grids_formula(h, w, lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1), "overlap"),
+    "no + 1": (lambda h, w: grids_formula(h, w, lambda n, k, s, p: (n + 2 * p - k) // s), "+ 1 is missing"),
+    "ceil": (
+        lambda h, w: grids_formula(h, w, lambda n, k, s, p: math.ceil((n + 2 * p - k) / s) + 1),
+        "rounded up",
+    ),
+    "unchained": (
+        lambda h, w: torch.tensor(
+            [((h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1) for k, s, p in ((7, 4, 2), (3, 2, 1), (3, 2, 1))]
+        ),
+        "counted from the image's size",
+    ),
+}
+
+
+@pytest.mark.parametrize("fn", [grids_by_unfold, grids_formula], ids=["unfold", "formula"])
+def test_t2t_grids_right_answers_pass(fn, capsys) -> None:
+    result = vitlab.checks.t2t_grids(fn)
+    assert result.passed, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(GRID_WRONG))
+def test_t2t_grids_wrong_answers_are_named(name: str) -> None:
+    fn, words = GRID_WRONG[name]
+    result = vitlab.checks.t2t_grids(fn)
+    assert not result.passed
+    assert words in result.message, result.message
+
+
+def test_t2t_grids_random_answer_and_stub_fail() -> None:
+    assert not vitlab.checks.t2t_grids(lambda h, w: torch.randint(1, 100, (3, 2))).passed
+
+    def stub(height, width):
+        raise NotImplementedError
+
+    assert vitlab.checks.t2t_grids(stub).status == "not implemented"

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_checks import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from torch import Tensor
 
 import vitlab.checks as checks
+from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
 NAMES = ["warmup_cosine", "attention_rollout"]
 
@@ -150,6 +150,34 @@ def test_unexplained_wrong_answers_say_what_differs(capsys: pytest.CaptureFixtur
     assert not result and "values differ from the reference: max error" in line
     result, line = run(capsys, "warmup_cosine", lambda step, **kwargs: schedule_ok(step, **kwargs) + 0.1)
     assert not result and re.search(r"\[case 1/\d+: step=0, .+\]: expected \S+, got \S+$", line), line
+
+
+def schedule_in(dtype: torch.dtype, *, off_by_one: bool = False) -> Callable[..., Tensor]:
+    """The schedule computed with tensors of ``dtype``; ``off_by_one``: the cosine spans one step fewer."""
+
+    def fn(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> Tensor:
+        s = torch.tensor(step, dtype=dtype)
+        if step < warmup_steps:
+            return (s + 1) / warmup_steps
+        span = total_steps - warmup_steps - (1 if off_by_one else 0)
+        t = torch.clamp((s - warmup_steps) / span, max=1.0)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + torch.cos(math.pi * t))
+
+    return fn
+
+
+def test_a_float32_schedule_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """float32 is a fair way to compute a multiplier: it is off by about 1e-7 where the cosine nears 0."""
+    assert_passes(capsys, "warmup_cosine", schedule_in(torch.float32))
+    assert_passes(capsys, "warmup_cosine", schedule_in(torch.float64))
+
+
+@pytest.mark.parametrize(
+    "fn", [schedule_in(torch.float16), schedule_in(torch.float32, off_by_one=True)], ids=["float16", "off_by_one"]
+)
+def test_a_schedule_that_is_off_still_fails(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> None:
+    result, line = run(capsys, "warmup_cosine", fn)
+    assert not result and re.search(r": expected \S+, got \S+$", line), line
 
 
 def test_checks_leave_the_global_rng_alone(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,18 +17,14 @@ import shutil
 import subprocess
 import sys
 import types
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import COLAB_CHAPTERS, ROOT, fresh_environment_skip_reason  # COLAB_CHAPTERS: run here
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# Chapters run in the fresh environment: they need nothing beyond requirements.txt (02, 03,
-# 06 and 09 import timm, a dev requirement) and no torchvision (see COLAB_TORCH). They run
-# there a second time, so test_determinism.py leaves them out.
-COLAB_CHAPTERS = ("01_patches.ipynb", "10_levit.ipynb")
 # Colab ships torch preinstalled and the setup cell never reinstalls it. We stand in for it
 # with a CPU build that pip finds on this machine's disk (a plain `torch` would pull a
 # multi-GB CUDA build). PyPI's torchvision 0.28.0, the one release made for torch 2.13, is
@@ -106,21 +102,6 @@ def test_vitlab_accepts_any_recent_torch() -> None:
 
 
 # ---------------------------------------------------------------- the fresh environment
-
-
-def index_unreachable() -> str | None:
-    """Why pip cannot reach its package index, or None when it can."""
-    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple/")
-    try:
-        urllib.request.urlopen(urllib.request.Request(index, method="HEAD"), timeout=10).close()
-    except OSError as error:
-        return f"no package index ({index}: {error})"
-    return None
-
-
-def fresh_environment_skip_reason() -> str | None:
-    """Why the fresh-environment test is skipped, or None when it runs. On CI it always runs."""
-    return None if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else index_unreachable()
 
 
 def run(command: list, timeout: int, **kwargs) -> str:

@@ -27,12 +27,15 @@ def test_cvt_figure_numbers_are_the_models() -> None:
             k, s = conv.kernel_size[0], conv.stride[0]
             tokens, (H, W) = stage.patch_embed(x)
             n, C = tokens.shape[1:]
-            assert f"Conv {k}×{k}, stride {s} + LayerNorm" in texts and f"{n} × {C}" in texts
+            assert f"Conv {k}×{k}, stride {s} + LayerNorm" in texts
             attn = stage.blocks[0].attn
             keys = attn.conv_proj_k(tokens.transpose(1, 2).reshape(1, C, H, W)).shape[1]
             cls = 1 if stage.cls_token is not None else 0
             heads = attn.num_heads
-            assert f"{heads} head{'s' if heads > 1 else ''}: {n + cls} queries, {keys + cls} keys" in texts
+            assert f"{heads} head{'s' if heads > 1 else ''}:\n{n + cls} queries, {keys + cls} keys" in texts
+            # the tokens the blocks work on, and where the cls token joins
+            assert f"{n + cls} × {C}" in texts
+            assert (f"then prepend [cls]: {n} + 1 tokens" in texts) == bool(cls)
             hidden = stage.blocks[0].mlp.fc1.out_features
             assert f"MLP {C} → {hidden} → {C}" in texts and f"block × {len(stage.blocks)}" in texts
             expected |= {k, s, n, C, n + cls, keys + cls, heads, hidden, len(stage.blocks), i + 1}
@@ -45,5 +48,6 @@ def test_cvt_figure_numbers_are_the_models() -> None:
 
 
 def test_cvt_figure_fits_the_column() -> None:
-    width, _ = vitlab.diagrams.png_size(cvt_figure().png())
-    assert width <= 1120
+    width, height = vitlab.diagrams.png_size(cvt_figure().png())
+    assert width <= 1120  # shown at 1/2 scale, at most 560 CSS px wide: not shrunk
+    assert height / 2 <= 1100  # CSS px at 1280 px: shorter than a laptop screen

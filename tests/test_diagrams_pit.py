@@ -44,5 +44,6 @@ def test_pit_figure_numbers_are_the_models() -> None:
 
 
 def test_pit_figure_fits_the_column() -> None:
-    width, _ = vitlab.diagrams.png_size(pit_figure().png())
-    assert width <= 1120
+    width, height = vitlab.diagrams.png_size(pit_figure().png())
+    assert width <= 1120  # shown at 1/2 scale, at most 560 CSS px wide: not shrunk
+    assert height / 2 <= 1100  # CSS px at 1280 px: shorter than a laptop screen

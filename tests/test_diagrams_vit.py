@@ -81,6 +81,18 @@ def test_encoder_figure_numbers(name: str) -> None:
     assert str(logits.shape[-1]) in texts
 
 
+def test_encoder_figure_final_norm_sees_every_token() -> None:
+    """The final LayerNorm normalises all 1 + N tokens; only then is the [cls] token taken."""
+    model: Any = vitlab.create_model("vit_tiny_patch16_224").eval()
+    with torch.no_grad():
+        features = model.forward_features(torch.zeros(1, 3, 224, 224))  # after the final norm
+    source = encoder_figure("vit_tiny_patch16_224").source()
+    edge = next(line for line in source.splitlines() if line.strip().startswith('"norm" -> "pick"'))
+    assert f"{features.shape[1]} × {features.shape[2]}" in edge
+    edge = next(line for line in source.splitlines() if line.strip().startswith('"pick" -> "head"'))
+    assert f'" {features.shape[2]} "' in edge
+
+
 def test_encoder_figure_residuals_start_at_the_block_input() -> None:
     """The first skip leaves from the block's input inside the repeated group, so it reads
     right for every block, not only the first."""

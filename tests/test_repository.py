@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 from markdown_it import MarkdownIt
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, output_text, toc_files
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 COLAB_GUARD = 'if "google.colab" in sys.modules:'
 COLAB_INSTALL = "vitlab @ git+https://github.com/vitlab-course/vit-lab@main"
@@ -32,39 +32,12 @@ CODE_COLUMNS = 79
 FILENAME_ALT = re.compile(r"^\S*\.(png|jpe?g|svg|gif)$|^\s*$", re.IGNORECASE)
 
 
-def toc_files() -> list[str]:
-    """Every ``file:`` entry of _toc.yml (the root first), without suffix."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            if "file" in node:
-                files.append(node["file"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(toc.get("parts", []) + toc.get("chapters", []))
-    return [str(Path(f).with_suffix("")) for f in files]
-
-
 def load(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
 def source(cell: dict) -> str:
     return "".join(cell["source"])
-
-
-def output_text(output: dict) -> str:
-    if output["output_type"] == "stream":
-        return "".join(output["text"])
-    if output["output_type"] == "error":
-        return "\n".join(output["traceback"])
-    return "".join(output.get("data", {}).get("text/plain", ""))
 
 
 def test_toc_lists_every_notebook_and_nothing_missing() -> None:

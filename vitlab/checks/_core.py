@@ -96,11 +96,6 @@ class CheckResult:
         return self.status == "passed"
 
     @property
-    def erratum(self) -> int | None:
-        """The former name of :attr:`pitfall` (read only)."""
-        return self.pitfall
-
-    @property
     def fraction(self) -> float:
         """The share of cases that matched, 0 to 1: the partial credit (1 or 0 if not counted)."""
         if self.cases_total:
@@ -143,7 +138,7 @@ class Case:
 
 @dataclass(frozen=True)
 class KnownWrong:
-    """A wrong answer seen in the source notes or in class, and how to fix it.
+    """A common wrong answer (a pitfall of the book, or a classic slip), and how to fix it.
 
     ``fn`` takes the same arguments as the student's function and returns the wrong
     answer; ``message`` says in words what was done and what is right; ``pitfall`` is its

@@ -21,15 +21,32 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> T
 def _attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale: float | None = None,
     after: float = 1.0, use_mask: bool = True, invert_mask: bool = False, softmax_dim: int = -1,
+    fill: float = float("-inf"), mask_after: bool = False, naive_softmax: bool = False,
 ) -> Tensor:  # fmt: skip
     """Attention with the knobs the known wrong answers turn; the defaults give the right one."""
     logits = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if mask is not None and use_mask:
-        logits = logits.masked_fill(mask if invert_mask else ~mask, float("-inf"))
-    return (logits.softmax(dim=softmax_dim) * after) @ v
+    if mask is not None and use_mask and not mask_after:
+        logits = logits.masked_fill(mask if invert_mask else ~mask, fill)
+    weights = naive_softmax_of(logits, softmax_dim) if naive_softmax else logits.softmax(dim=softmax_dim)
+    if mask is not None and mask_after:
+        weights = weights.masked_fill(~mask, 0.0)
+    return (weights * after) @ v
 
 
-def _wrong(message: str, erratum: int | None = None, **knobs: Any) -> KnownWrong:
+def naive_softmax_of(logits: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` as written from the formula: inf / inf = NaN in float32 once a logit passes ~88."""
+    e = logits.exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+# The message of every check whose answer has a softmax, for an answer that overflows on large logits.
+NAIVE_SOFTMAX = (
+    "the softmax is computed as exp(x) / sum(exp(x)), which overflows for large logits (exp(89) is inf in "
+    "float32, and inf / inf is NaN); subtract each row's max first, or use torch.softmax / x.softmax(dim=-1)"
+)
+
+
+def _wrong(message: str, pitfall: int | None = None, **knobs: Any) -> KnownWrong:
     """A wrong attention; a knob may be a function of (d, h*d), the head dim and the embedding size."""
 
     def fn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -37,36 +54,45 @@ def _wrong(message: str, erratum: int | None = None, **knobs: Any) -> KnownWrong
         values: dict[str, Any] = {key: value(d, D) if callable(value) else value for key, value in knobs.items()}
         return _attention(q, k, v, mask, **values)
 
-    return KnownWrong(fn, message, erratum)
+    return KnownWrong(fn, message, pitfall)
 
 
 _ATTENTION_WRONGS = (
     _wrong(
-        "the weights are divided by sqrt(embedding size) after the softmax, as the note's "
+        "the weights are divided by sqrt(embedding size) after the softmax, "
         "softmax(energy) / emb_size**0.5; scale the logits q k^T by d**-0.5 before the softmax",
-        1, scale=1.0, after=lambda d, D: D**-0.5,
+        3, scale=1.0, after=lambda d, D: D**-0.5,
     ),
     _wrong(
         "the weights are scaled by d**-0.5 after the softmax (rows no longer sum to 1); "
         "scale the logits q k^T before the softmax",
-        1, scale=1.0, after=lambda d, D: d**-0.5,
+        3, scale=1.0, after=lambda d, D: d**-0.5,
     ),
     _wrong(
         "the logits are scaled by the whole embedding size, (h*d)**-0.5; scale by the head dim, d**-0.5",
-        1, scale=lambda d, D: D**-0.5,
+        3, scale=lambda d, D: D**-0.5,
     ),
-    _wrong("the logits are divided by d; divide by sqrt(d)", 1, scale=lambda d, D: 1 / d),
-    _wrong("the logits are not scaled; multiply q k^T by d**-0.5 before the softmax", 1, scale=1.0),
+    _wrong("the logits are divided by d; divide by sqrt(d)", 3, scale=lambda d, D: 1 / d),
+    _wrong("the logits are not scaled; multiply q k^T by d**-0.5 before the softmax", 3, scale=1.0),
     _wrong(
         "the mask has no effect: masked_fill returns a new tensor, so assign it, "
         "logits = logits.masked_fill(~mask, float('-inf')), before the softmax (Tensor.mask_fill does not exist)",
-        2, use_mask=False,
+        4, use_mask=False,
     ),
     _wrong("the mask is inverted: True means attend, so fill where ~mask is True", invert_mask=True),
+    _wrong(
+        "the masked logits are set to 0, which still gives those keys the weight exp(0) = 1 before normalising; "
+        "fill them with float('-inf'), whose weight is exactly 0", fill=0.0,
+    ),
+    _wrong(
+        "the mask zeroes the weights after the softmax, so a masked row no longer sums to 1; fill the logits "
+        "with float('-inf') before the softmax, which renormalises over the keys that are left", mask_after=True,
+    ),
     _wrong(
         "the softmax runs over the queries (dim=-2); each query's weights over the keys (dim=-1) must sum to 1",
         softmax_dim=-2,
     ),
+    _wrong(NAIVE_SOFTMAX, naive_softmax=True),
 )  # fmt: skip
 
 
@@ -75,14 +101,21 @@ def scaled_dot_product_attention(fn: Callable[..., Any]) -> CheckResult:
 
     ``softmax(q k^T / sqrt(d)) v``; ``mask`` is boolean, broadcastable to (B, h, N, N),
     ``True`` = attend (every query keeps at least one key here). The mask cases pass it
-    as ``mask=``; the others leave it out.
+    as ``mask=``; the others leave it out. The last case has logits far beyond 88, where
+    ``exp`` overflows in float32: a softmax written as ``exp(x) / sum(exp(x))`` gives NaN
+    there (subtract each row's max first, as ``torch.softmax`` does).
 
     Shape: q, k, v (B, h, N, d), mask (B, h, N, N) or broadcastable -> (B, h, N, d).
     """
     cases = []
-    for seed, (B, h, N, d) in enumerate(((1, 2, 4, 8), (2, 3, 5, 4), (2, 2, 6, 8), (1, 2, 5, 16))):
+    for seed, (B, h, N, d) in enumerate(((1, 2, 4, 8), (2, 3, 5, 4), (2, 2, 6, 8), (1, 2, 5, 16), (2, 2, 6, 8))):
         q, k, v = (randn(10 * seed + i, B, h, N, d) for i in range(3))
         label = f"q, k, v {shape(q)}"
+        if seed == 4:  # large logits: q and k 8 times larger, |logits| up to about 160
+            q, k = 8 * q, 8 * k
+            largest = (q @ k.transpose(-2, -1) * d**-0.5).abs().max().item()
+            cases.append(Case(f"{label}, large logits (|q k^T / sqrt(d)| up to {largest:.0f})", (q, k, v)))
+            continue
         if seed == 2:  # padding mask per image: the last 2 keys of image 0, the last key of image 1
             lengths = torch.tensor([N - 2, N - 1])
             mask = (torch.arange(N) < lengths[:, None])[:, None, None, :]  # (B, 1, 1, N)
@@ -121,3 +154,148 @@ def split_heads(fn: Callable[..., Any]) -> CheckResult:
     return run_check(
         "split_heads", fn, cases, lambda x, h: rearrange(x, "B N (h d) -> B h N d", h=h), known_wrong=wrongs
     )
+
+
+# ---------------------------------------------------------------- JAX kernels into the fused qkv
+
+
+def _qkv_weight(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
+    """timm's conversion (``_load_weights`` in ``vision_transformer.py``): each (C, h, d)
+    kernel flattened to (C, h*d), stacked as three blocks, transposed to (out, in)."""
+    return torch.cat([w.reshape(w.shape[0], -1) for w in (query, key, value)], dim=1).T  # (3C, C)
+
+
+_QKV_WRONGS = (
+    KnownWrong(
+        lambda q, k, v: torch.stack([q, k, v], dim=-1).reshape(q.shape[0], -1).T,
+        "q, k and v are interleaved feature by feature, the (h d qkv) order; the fused layer "
+        "holds three consecutive blocks, (qkv h d): all of the query's features, then the key's, then the value's",
+        5,
+    ),
+    KnownWrong(
+        lambda q, k, v: torch.stack([q, k, v], dim=2).reshape(q.shape[0], -1).T,
+        "q, k and v are interleaved head by head, (h qkv d); the fused layer holds three consecutive blocks, (qkv h d)",
+    ),
+    KnownWrong(
+        lambda q, k, v: torch.cat([w.transpose(1, 2).reshape(w.shape[0], -1) for w in (q, k, v)], dim=1).T,
+        "inside each block the features are ordered (d h), so head g gets every h-th feature; flatten each "
+        "kernel's (h, d) axes as (h d), head after head",
+    ),
+    KnownWrong(
+        lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (q, k, v)], dim=1).reshape(-1, q.shape[0]),
+        "the (C, 3C) kernel is reshaped to (3C, C) instead of transposed: nn.Linear stores its weight as "
+        "(out_features, in_features), so take the transpose, .T",
+    ),
+    KnownWrong(
+        lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (k, q, v)], dim=1).T,
+        "the blocks are in the order k, q, v; vitlab and timm split the fused output as q, k, v",
+    ),
+)
+
+
+def qkv_weight_from_jax(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(query, key, value) -> weight``: the original ViT's attention kernels as one fused ``qkv``.
+
+    The JAX ViT (flax ``MultiHeadDotProductAttention``) has three projections whose kernels
+    have the shape ``(C, h, d)`` (input features, heads, head width): ``q[b, n, g, :] =
+    x[b, n] @ query[:, g, :]``. ``fn`` returns the weight of the fused
+    ``nn.Linear(C, 3 * C)`` of :class:`vitlab.layers.Attention`, ``(out_features,
+    in_features)``, with the output features in ``(qkv h d)`` order, so that the linear
+    layer computes the same q, k and v. Names the interleaved ``(h d qkv)`` order
+    (pitfall 5), a ``(d h)`` order inside a block, a reshape in place of the transpose
+    and swapped blocks.
+
+    Shape: query, key, value (C, h, d) each -> (3 * C, C).
+    """
+    cases = []
+    for seed, (C, h) in enumerate(((8, 2), (12, 3), (16, 4))):
+        d = C // h
+        query, key, value = (randn(10 * seed + i, C, h, d) for i in range(3))
+        cases.append(Case(f"query, key, value {shape(query)} each", (query, key, value)))
+    return run_check("qkv_weight_from_jax", fn, cases, _qkv_weight, known_wrong=_QKV_WRONGS)
+
+
+# ---------------------------------------------------------------- cross-attention over padded keys
+
+
+def _padded_cross(
+    q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor, *, scale_width: str = "qk", extra_key: int = 0,
+    use_mask: bool = True, softmax_dim: int = -1, fill: float = float("-inf"), mask_after: bool = False,
+    naive_softmax: bool = False,
+) -> Tensor:  # fmt: skip
+    """Cross-attention with a key padding mask; the defaults give the right answer, the knobs the wrong ones."""
+    width = q.shape[-1] if scale_width == "qk" else v.shape[-1]
+    logits = q @ k.transpose(-2, -1) * width**-0.5  # (B, h, M, N)
+    real = torch.arange(k.shape[-2]) < key_lengths[:, None] + extra_key  # (B, N): the real keys
+    mask = real[:, None, None, :]  # (B, 1, 1, N): over heads and queries
+    if use_mask and not mask_after:
+        logits = logits.masked_fill(~mask, fill)
+    weights = naive_softmax_of(logits) if naive_softmax else logits.softmax(dim=softmax_dim)
+    if mask_after:
+        weights = weights.masked_fill(~mask, 0.0)
+    return weights @ v  # (B, h, M, d_v)
+
+
+def _cross_wrong(message: str, pitfall: int | None = None, **knobs: Any) -> KnownWrong:
+    return KnownWrong(lambda q, k, v, key_lengths: _padded_cross(q, k, v, key_lengths, **knobs), message, pitfall)
+
+
+_CROSS_WRONGS = (
+    _cross_wrong(
+        "the padding keys are not masked, so every query also attends to them; build the mask from key_lengths, "
+        "torch.arange(N) < key_lengths[:, None], and assign logits = logits.masked_fill(~mask, float('-inf')) "
+        "(masked_fill returns a new tensor)", 4, use_mask=False,
+    ),
+    _cross_wrong(
+        "one padding key too many is kept: key j of sequence b is real when j < key_lengths[b], "
+        "torch.arange(N) < key_lengths[:, None] (not <=)", extra_key=1,
+    ),
+    _cross_wrong(
+        "the logits are scaled by the value width, v.shape[-1]**-0.5; the scale belongs to the dot product "
+        "q k^T, so use the query/key width, q.shape[-1]**-0.5", 3, scale_width="v",
+    ),
+    _cross_wrong(
+        "the softmax runs over the queries (dim=-2); each query's weights over the keys (dim=-1) must sum to 1",
+        softmax_dim=-2,
+    ),
+    _cross_wrong(
+        "the padding logits are set to 0, which still gives those keys the weight exp(0) = 1 before normalising; "
+        "fill them with float('-inf')", fill=0.0,
+    ),
+    _cross_wrong(
+        "the weights of the padding keys are zeroed after the softmax, so a row no longer sums to 1; fill the "
+        "logits with float('-inf') before the softmax", mask_after=True,
+    ),
+    _cross_wrong(NAIVE_SOFTMAX, naive_softmax=True),
+)  # fmt: skip
+
+
+def padded_cross_attention(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(q, k, v, key_lengths) -> out``: cross-attention over a batch of padded key sequences.
+
+    The ``M`` queries come from one set of tokens, the ``N`` keys and values from another:
+    a batch of ``B`` sequences padded to ``N``, where sequence ``b`` has ``key_lengths[b]``
+    real keys (its first ones, at least one) and padding after them. ``fn`` returns
+    ``softmax(q k^T / sqrt(d) with the padding keys' logits at -inf) v``: every query
+    attends to the real keys of its own sequence only, and no query is masked. The value
+    width ``d_v`` may differ from the query/key width ``d``; the scale is ``d**-0.5``.
+    Names an ignored mask (pitfall 4), ``<=`` for ``<``, the value width in the scale,
+    the softmax over the queries, and padding filled with 0 or zeroed after the softmax.
+
+    Shape: q (B, h, M, d), k (B, h, N, d), v (B, h, N, d_v), key_lengths (B,) integer -> (B, h, M, d_v).
+    """
+    cases = []
+    sizes = (
+        ((2, 1, 3, 5, 4, 4), (5, 3)), ((3, 2, 1, 6, 8, 4), (6, 2, 4)), ((2, 2, 4, 7, 8, 16), (1, 7)),
+        ((2, 2, 4, 6, 8, 8), (6, 4)),
+    )  # fmt: skip
+    for seed, ((B, h, M, N, d, d_v), lengths) in enumerate(sizes):
+        q, k = randn(40 + 3 * seed, B, h, M, d), randn(41 + 3 * seed, B, h, N, d)
+        v = randn(42 + 3 * seed, B, h, N, d_v)
+        key_lengths = torch.tensor(lengths)
+        label = f"q {shape(q)}, k {shape(k)}, v {shape(v)}, key_lengths {list(lengths)}"
+        if seed == 3:  # q and k 8 times larger: logits past exp's float32 range (a softmax must not overflow)
+            q, k = 8 * q, 8 * k
+            label += f", large logits (up to {(q @ k.transpose(-2, -1) * d**-0.5).abs().max().item():.0f} in size)"
+        cases.append(Case(label, (q, k, v, key_lengths)))
+    return run_check("padded_cross_attention", fn, cases, _padded_cross, known_wrong=_CROSS_WRONGS)

@@ -1,4 +1,4 @@
-"""Checks for the CaiT chapter: LayerScale's initial value (pitfall 8) and class-attention."""
+"""Checks for the CaiT chapter: LayerScale's initial value (pitfall 10) and class-attention."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
+from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
 from vitlab.layers.attention import explicit_attention
 from vitlab.models.cait import layer_scale_init_for_depth
 
@@ -41,9 +42,9 @@ def layer_scale_init(fn: Callable[..., Any]) -> CheckResult:
     wrongs = [
         KnownWrong(
             lambda i, depth: layer_scale_init_for_depth(i + 1),
-            "epsilon follows the layer index (LayerScale(..., depth=ind + 1), as in the note); it follows the "
+            "epsilon follows the layer index (LayerScale(..., depth=ind + 1)); it follows the "
             "network's depth and is the same in every block: 1e-5 in all 24 blocks of CaiT-XXS-24",
-            8,
+            10,
         ),
         KnownWrong(
             lambda i, depth: _epsilon(depth + 2),
@@ -70,18 +71,25 @@ def layer_scale_init(fn: Callable[..., Any]) -> CheckResult:
 
 def _class_attention(
     x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, num_heads: int, *, patches_only: bool = False,
-    transposed: bool = False, scale_by_dim: bool = False, one_head: bool = False,
+    transposed: bool = False, scale_by_dim: bool = False, one_head: bool = False, split: str = "h d",
+    merge: str = "h d", unscaled: bool = False, softmax_dim: int = -1, naive_softmax: bool = False,
 ) -> Tensor:  # fmt: skip
-    """Class-attention; the keywords turn on the known wrong answers."""
+    """Class-attention; the keywords turn on the known wrong answers (``split``, ``merge``:
+    the channel order of the heads, ``"h d"`` or ``"d h"``)."""
     linear = (lambda t, w: t @ w) if transposed else F.linear
     z = x[:, 1:] if patches_only else x  # keys and values: [cls, patches]
     h = 1 if one_head else num_heads
-    q = rearrange(linear(x[:, :1], wq), "B n (h d) -> B h n d", h=h)  # (B, h, 1, d): the cls token only
-    k = rearrange(linear(z, wk), "B n (h d) -> B h n d", h=h)  # (B, h, 1 + N, d)
-    v = rearrange(linear(z, wv), "B n (h d) -> B h n d", h=h)
-    scale = x.shape[-1] ** -0.5 if scale_by_dim else q.shape[-1] ** -0.5
-    out, _ = explicit_attention(q, k, v, scale=scale)  # (B, h, 1, d)
-    return rearrange(out, "B h n d -> B n (h d)")  # (B, 1, C)
+    heads = f"B n ({split}) -> B h n d"
+    q = rearrange(linear(x[:, :1], wq), heads, h=h)  # (B, h, 1, d): the cls token only
+    k = rearrange(linear(z, wk), heads, h=h)  # (B, h, 1 + N, d)
+    v = rearrange(linear(z, wv), heads, h=h)
+    scale = 1.0 if unscaled else x.shape[-1] ** -0.5 if scale_by_dim else q.shape[-1] ** -0.5
+    if softmax_dim == -1 and not naive_softmax:
+        out, _ = explicit_attention(q, k, v, scale=scale)  # (B, h, 1, d)
+    else:
+        logits = q @ k.transpose(-2, -1) * scale  # (B, h, 1, 1 + N)
+        out = (naive_softmax_of(logits) if naive_softmax else logits.softmax(dim=softmax_dim)) @ v
+    return rearrange(out, f"B h n d -> B n ({merge})")  # (B, 1, C)
 
 
 def class_attention(fn: Callable[..., Any]) -> CheckResult:
@@ -92,18 +100,24 @@ def class_attention(fn: Callable[..., Any]) -> CheckResult:
     ``k = F.linear(x, wk)``, ``v = F.linear(x, wv)`` (keys and values include the cls
     token), split into ``num_heads`` heads of ``d = C / num_heads``, ``softmax(q k^T / sqrt(d)) v``,
     heads merged back ``(h d)``. No biases and no output projection (``ClassAttention`` in
-    :mod:`vitlab.layers` adds them).
+    :mod:`vitlab.layers` adds them). In the last case ``wq`` is 100 times larger, so the
+    logits reach about 200 (a softmax written as ``exp(x) / sum(exp(x))`` overflows there).
 
     Shape: x (B, 1 + N, C), wq, wk, wv (C, C), num_heads int -> (B, 1, C).
     """
     cases = []
-    for seed, (B, N, C, h) in enumerate(((1, 4, 8, 2), (2, 6, 12, 3), (2, 9, 16, 4), (3, 3, 6, 2))):
+    sizes = ((1, 4, 8, 2), (2, 6, 12, 3), (2, 9, 16, 4), (3, 3, 6, 2), (2, 6, 12, 3))
+    for seed, (B, N, C, h) in enumerate(sizes):
         g = generator(seed)
         x = torch.randn(B, 1 + N, C, generator=g)
         wq, wk, wv = (torch.randn(C, C, generator=g) * C**-0.5 for _ in range(3))
-        cases.append(Case(f"x {shape(x)}, num_heads={h}", (x, wq, wk, wv, h)))
+        label = f"x {shape(x)}, num_heads={h}"
+        if seed == 4:
+            wq = 100 * wq
+            label += ", large logits (wq x 100)"
+        cases.append(Case(label, (x, wq, wk, wv, h)))
 
-    def wrong(message: str, **knobs: bool) -> KnownWrong:
+    def wrong(message: str, **knobs: Any) -> KnownWrong:
         return KnownWrong(lambda *args: _class_attention(*args, **knobs), message)
 
     wrongs = [
@@ -113,6 +127,73 @@ def class_attention(fn: Callable[..., Any]) -> CheckResult:
               "F.linear(x, w), i.e. x @ w.T", transposed=True),
         wrong("one head over all C channels; split into num_heads heads of d = C / num_heads channels",
               one_head=True),
-        wrong("the logits are scaled by C**-0.5; scale by the head dim, d**-0.5 (as in pitfall 1)", scale_by_dim=True),
+        wrong("the logits are scaled by C**-0.5; scale by the head dim, d**-0.5 (as in pitfall 3)", scale_by_dim=True),
+        wrong("the logits are not scaled; multiply q k^T by d**-0.5 before the softmax", unscaled=True),
+        wrong("the heads are merged (d h): output channel c * h + g holds head g's channel c; merge them (h d), "
+              "head by head as they were split: rearrange(out, 'B h n d -> B n (h d)')", merge="d h"),
+        wrong("the channels are split into heads (d h), so head g gets every h-th channel; split (and merge) them "
+              "(h d): head g owns channels g*d ... (g+1)*d - 1, as nn.Linear's rows in timm", split="d h",
+              merge="d h"),
+        wrong("the channels are split into heads (d h) but merged (h d); split them (h d): "
+              "rearrange(t, 'B n (h d) -> B h n d', h=num_heads)", split="d h"),
+        wrong("the softmax runs over the queries (dim=-2): with one query every weight is 1; take it over the "
+              "keys, softmax(dim=-1)", softmax_dim=-2),
+        wrong(NAIVE_SOFTMAX, naive_softmax=True),
     ]  # fmt: skip
     return run_check("class_attention", fn, cases, _class_attention, known_wrong=wrongs)
+
+
+def _class_attention_tokens(
+    x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, num_heads: int, num_queries: int, *, queries: int | None = None,
+    keys_from: int = 0, softmax_dim: int = -1, scale_by_dim: bool = False,
+) -> Tensor:  # fmt: skip
+    """Class-attention with ``num_queries`` class tokens first in ``x``; the keywords make the
+    known wrong answers (``queries``: how many tokens ask, ``keys_from``: the first key token)."""
+    asking = num_queries if queries is None else queries
+    z = x[:, keys_from:]  # keys and values: every token, the class tokens included
+    q = rearrange(F.linear(x[:, :asking], wq), "B n (h d) -> B h n d", h=num_heads)  # (B, h, n_q, d)
+    k = rearrange(F.linear(z, wk), "B n (h d) -> B h n d", h=num_heads)  # (B, h, T, d)
+    v = rearrange(F.linear(z, wv), "B n (h d) -> B h n d", h=num_heads)
+    scale = x.shape[-1] ** -0.5 if scale_by_dim else q.shape[-1] ** -0.5
+    out = (q @ k.transpose(-2, -1) * scale).softmax(dim=softmax_dim) @ v  # (B, h, n_q, d)
+    return rearrange(out, "B h n d -> B n (h d)")  # (B, n_q, C)
+
+
+def class_attention_tokens(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(x, wq, wk, wv, num_heads, num_queries) -> tokens``: class-attention with several class tokens.
+
+    ``x`` is ``[cls_1, ..., cls_n, patches]`` with ``n = num_queries`` class tokens first
+    (e.g. DeiT's class and distillation tokens). Each class token asks its own query;
+    keys and values come from every token of ``x``, the class tokens included:
+    ``q = F.linear(x[:, :n], wq)``, ``k = F.linear(x, wk)``, ``v = F.linear(x, wv)``,
+    ``num_heads`` heads of ``d = C / num_heads`` split and merged ``(h d)``,
+    ``softmax(q k^T / sqrt(d))`` over the keys, times ``v``. No biases, no output
+    projection. With ``num_queries=1`` it is CaiT's class-attention.
+
+    Shape: x (B, n + N, C), wq, wk, wv (C, C), ints -> (B, n, C).
+    """
+    cases = []
+    sizes = ((1, 2, 5, 8, 2), (2, 2, 9, 12, 3), (2, 3, 6, 16, 4), (3, 1, 4, 6, 2))  # (B, n, N, C, h)
+    for seed, (B, n, N, C, h) in enumerate(sizes):
+        g = generator(90 + seed)
+        x = torch.randn(B, n + N, C, generator=g)
+        wq, wk, wv = (torch.randn(C, C, generator=g) * C**-0.5 for _ in range(3))
+        cases.append(Case(f"x {shape(x)}, num_heads={h}, num_queries={n}", (x, wq, wk, wv, h, n)))
+
+    def wrong(message: str, **knobs: Any) -> KnownWrong:
+        return KnownWrong(lambda *args: _class_attention_tokens(*args, **knobs), message)
+
+    right = "every class token asks a query; the keys and values are all tokens, softmax over the keys"
+    wrongs = [
+        wrong(f"only the first class token asks; {right}", queries=1),
+        wrong(f"the keys and values leave out the first class token (x[:, 1:]); {right}", keys_from=1),
+        wrong("the softmax runs over the queries (dim=-2): with one query that is all ones, with several it mixes "
+              f"the class tokens; {right}", softmax_dim=-2),
+        wrong("the logits are scaled by C**-0.5; scale by the head dim, d**-0.5", scale_by_dim=True),
+    ]  # fmt: skip
+
+    def leave_out_class_tokens(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, h: int, n: int) -> Tensor:
+        return _class_attention_tokens(x, wq, wk, wv, h, n, keys_from=n)
+
+    wrongs.insert(2, KnownWrong(leave_out_class_tokens, f"the keys and values leave out the class tokens; {right}"))
+    return run_check("class_attention_tokens", fn, cases, _class_attention_tokens, known_wrong=wrongs)

@@ -18,13 +18,15 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
+from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
 from vitlab.layers.attention import explicit_attention
 from vitlab.models.crossvit import CrossAttentionBlock, projection
 
-# (B, N_i, C_i, N_j, C_j, heads): the first case has equal widths, so that answers that
-# skip g or attend over their own branch still run and can be named; then the two
-# directions of a CrossViT with different widths (S -> L and L -> S).
-_SIZES = ((2, 5, 8, 3, 8, 2), (2, 6, 8, 4, 12, 3), (1, 3, 12, 7, 8, 2))
+# (B, N_i, C_i, N_j, C_j, heads, query gain): the first case has equal widths, so that
+# answers that skip g or attend over their own branch still run and can be named; then the
+# two directions of a CrossViT with different widths (S -> L and L -> S); last, wq 50 times
+# larger, so that the logits reach a few hundred.
+_SIZES = ((2, 5, 8, 3, 8, 2, 1.0), (2, 6, 8, 4, 12, 3, 1.0), (1, 3, 12, 7, 8, 2, 1.0), (2, 6, 8, 4, 12, 3, 50.0))
 
 
 def _randomise(module: nn.Module, g: torch.Generator) -> nn.Module:
@@ -57,9 +59,11 @@ def _reference(x: Tensor, other: Tensor, f: nn.Module, g: nn.Module, wq: Tensor,
 def _fusion(
     x: Tensor, other: Tensor, f: nn.Module, g: nn.Module, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor,
     num_heads: int, *, keys: str = "query+other", residual: str = "before g", use_g: bool = True,
-    use_wo: bool = True, transposed: bool = False,
+    use_wo: bool = True, transposed: bool = False, scale_by_width: bool = False, split: str = "h d",
+    merge: str = "h d", softmax_dim: int = -1, naive_softmax: bool = False,
 ) -> Tensor:  # fmt: skip
-    """The fusion written out; the keywords turn on the known wrong answers."""
+    """The fusion written out; the keywords turn on the known wrong answers (``split``,
+    ``merge``: the channel order of the heads, ``"h d"`` or ``"d h"``)."""
     linear = (lambda t, w: t @ w) if transposed else F.linear
     query = f(x[:, :1])  # (B, 1, C_j)
     if keys == "query+other":  # right: [f(cls_i), patches_j]
@@ -70,11 +74,17 @@ def _fusion(
         z = other
     else:  # "own branch": [f(cls_i), patches_i], runs only when the widths are equal
         z = torch.cat([query, x[:, 1:]], dim=1)
-    q = rearrange(linear(query, wq), "B n (h d) -> B h n d", h=num_heads)
-    k = rearrange(linear(z, wk), "B n (h d) -> B h n d", h=num_heads)
-    v = rearrange(linear(z, wv), "B n (h d) -> B h n d", h=num_heads)
-    out, _ = explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5)
-    out = rearrange(out, "B h n d -> B n (h d)")
+    heads = f"B n ({split}) -> B h n d"
+    q = rearrange(linear(query, wq), heads, h=num_heads)
+    k = rearrange(linear(z, wk), heads, h=num_heads)
+    v = rearrange(linear(z, wv), heads, h=num_heads)
+    scale = other.shape[-1] ** -0.5 if scale_by_width else q.shape[-1] ** -0.5
+    if softmax_dim == -1 and not naive_softmax:
+        out, _ = explicit_attention(q, k, v, scale=scale)
+    else:
+        logits = q @ k.transpose(-2, -1) * scale  # (B, h, 1, N_keys)
+        out = (naive_softmax_of(logits) if naive_softmax else logits.softmax(dim=softmax_dim)) @ v
+    out = rearrange(out, f"B h n d -> B n ({merge})")
     if use_wo:
         out = linear(out, wo)
     if residual == "before g":  # right: g(f(cls) + CA)
@@ -102,12 +112,14 @@ def cross_attention_fusion(fn: Callable[..., Any]) -> CheckResult:
     ``F.linear(., wo)``; then the residual at width ``C_j`` and g:
     ``cls_new = g(t + attended)``. Return ``[cls_new, patches_i]``: the patch tokens pass
     through unchanged. No LayerNorm before the attention and no biases (vitlab's
-    ``CrossAttentionBlock`` has both; the check removes them).
+    ``CrossAttentionBlock`` has both; the check removes them). In the last case ``wq`` is
+    50 times larger, so the logits reach a few hundred (a softmax written as
+    ``exp(x) / sum(exp(x))`` overflows there).
 
     Shape: x (B, 1 + N_i, C_i), other (B, 1 + N_j, C_j) -> (B, 1 + N_i, C_i).
     """
     cases = []
-    for seed, (B, n_i, c_i, n_j, c_j, h) in enumerate(_SIZES):
+    for seed, (B, n_i, c_i, n_j, c_j, h, gain) in enumerate(_SIZES):
         gen = generator(100 + seed)
         x = torch.randn(B, 1 + n_i, c_i, generator=gen)
         other = torch.randn(B, 1 + n_j, c_j, generator=gen)
@@ -115,6 +127,9 @@ def cross_attention_fusion(fn: Callable[..., Any]) -> CheckResult:
         g = _randomise(projection(c_j, c_i), gen)
         wq, wk, wv, wo = (torch.randn(c_j, c_j, generator=gen) * c_j**-0.5 for _ in range(4))
         label = f"x {shape(x)}, other {shape(other)}, num_heads={h}"
+        if gain != 1.0:
+            wq = gain * wq
+            label += f", large logits (wq x {gain:g})"
         cases.append(Case(label, (x, other, f, g, wq, wk, wv, wo, h)))
 
     def wrong(message: str, **knobs: Any) -> KnownWrong:
@@ -136,5 +151,16 @@ def cross_attention_fusion(fn: Callable[..., Any]) -> CheckResult:
         wrong("the output projection wo is missing: CA = F.linear(softmax(q k^T / sqrt(d)) v, wo)", use_wo=False),
         wrong("the weights are used transposed (t @ w); they are stored as nn.Linear stores them, "
               "(C_out, C_in): F.linear(t, w), i.e. t @ w.T", transposed=True),
+        wrong("the logits are scaled by C_j**-0.5, the whole width of the other branch; scale by the head "
+              "width: d**-0.5 with d = C_j / num_heads", scale_by_width=True),
+        wrong("the heads are merged (d h): output channel c * h + g holds head g's channel c; merge them (h d), "
+              "head by head as they were split: rearrange(out, 'B h n d -> B n (h d)')", merge="d h"),
+        wrong("the channels are split into heads (d h), so head g gets every h-th channel; split (and merge) them "
+              "(h d): head g owns channels g*d ... (g+1)*d - 1", split="d h", merge="d h"),
+        wrong("the channels are split into heads (d h) but merged (h d); split them (h d): "
+              "rearrange(t, 'B n (h d) -> B h n d', h=num_heads)", split="d h"),
+        wrong("the softmax runs over the queries (dim=-2): with one query every weight is 1; take it over the "
+              "keys, softmax(dim=-1)", softmax_dim=-2),
+        wrong(NAIVE_SOFTMAX, naive_softmax=True),
     ]  # fmt: skip
     return run_check("cross_attention_fusion", fn, cases, _reference, known_wrong=wrongs)

@@ -1,5 +1,5 @@
-"""Checks for the DeepViT chapter: re-attention's mixing of the heads' maps, and the whole
-re-attended map (softmax, mixing, BatchNorm over the heads)."""
+"""Checks for the DeepViT chapter: re-attention's mixing of the heads' maps, the whole
+re-attended map (softmax, mixing, BatchNorm per head), and its LayerNorm-across-heads variant."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor, nn
 
 from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
+from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
 from vitlab.models.deepvit import ReAttention
 
 
@@ -66,14 +69,23 @@ def _re_attention_map(scores: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tens
     return module.var_norm(module.reatten_matrix(attn)) * module.reatten_scale
 
 
-def _bn_over(x: Tensor, dims: tuple[int, ...], bn: nn.BatchNorm2d, channel_dim: int) -> Tensor:
-    """Standardise ``x`` over ``dims``, then bn's affine along ``channel_dim`` (for wrong answers)."""
+def _bn_over(
+    x: Tensor, dims: tuple[int, ...], bn: nn.BatchNorm2d, channel_dim: int, *, unbiased: bool = False,
+    eps: float | None = None, affine: bool = True,
+) -> Tensor:  # fmt: skip
+    """Standardise ``x`` over ``dims``, then bn's affine along ``channel_dim``; the keywords
+    make the known wrong answers of a BatchNorm written by hand."""
     mean = x.mean(dim=dims, keepdim=True)
-    var = x.var(dim=dims, unbiased=False, keepdim=True)
+    var = x.var(dim=dims, unbiased=unbiased, keepdim=True)
     shape = [1] * x.ndim
     shape[channel_dim] = -1
-    y = (x - mean) / torch.sqrt(var + bn.eps)
-    return y * bn.weight.view(shape) + bn.bias.view(shape)
+    y = (x - mean) / torch.sqrt(var + (bn.eps if eps is None else eps))
+    return y * bn.weight.view(shape) + bn.bias.view(shape) if affine else y
+
+
+def _running_statistics(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    """bn in eval mode: its running mean and variance instead of the batch's."""
+    return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, training=False, eps=bn.eps)
 
 
 _RE_RIGHT = (
@@ -102,7 +114,7 @@ _RE_ATTENTION_WRONGS = (
     KnownWrong(
         lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (1,), bn, 1),
         "the maps are normalised across the heads at each (query, key) pair, a LayerNorm over the "
-        "head axis (a popular re-implementation, the one the source note follows); the official "
+        "head axis (as lucidrains' vit-pytorch, a popular re-implementation, does); the official "
         "BatchNorm2d normalises each head over the batch and all positions",
     ),
     KnownWrong(
@@ -114,6 +126,27 @@ _RE_ATTENTION_WRONGS = (
         lambda s, t, bn: bn(_mix(s.softmax(-2), t)),
         "the softmax runs over the queries (dim=-2); every query's row sums to 1: softmax(dim=-1)",
     ),
+    KnownWrong(
+        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (0, 2, 3), bn, 1, unbiased=True),
+        "the BatchNorm divides by the unbiased variance (x.var() divides by n - 1 by default); BatchNorm "
+        "normalises with the biased one, x.var(dim=(0, 2, 3), unbiased=False), n = B * N * N",
+    ),
+    KnownWrong(
+        lambda s, t, bn: _running_statistics(_mix(s.softmax(-1), t), bn),
+        "the BatchNorm uses its running statistics (bn in eval mode, or F.batch_norm(..., training=False)); "
+        "bn is in training mode: it normalises each head with the batch's own mean and variance over (B, N, N)",
+    ),
+    KnownWrong(
+        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (0, 2, 3), bn, 1, affine=False),
+        "the BatchNorm's affine is missing: after normalising, multiply by bn.weight and add bn.bias (one "
+        "of each per head)",
+    ),
+    KnownWrong(
+        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (0, 2, 3), bn, 1, eps=0.0),
+        "the BatchNorm's eps is missing: divide by sqrt(var + bn.eps), not sqrt(var) (it matters where a "
+        "head's map barely varies, as in the near-uniform case)",
+    ),
+    KnownWrong(lambda s, t, bn: bn(_mix(naive_softmax_of(s), t)), NAIVE_SOFTMAX),
 )
 
 
@@ -125,20 +158,105 @@ def re_attention_map(fn: Callable[..., Any]) -> CheckResult:
     new head ``g``); ``bn`` is an ``nn.BatchNorm2d(H)`` in training mode. The answer is
     ``bn(einsum("bhij,hg->bgij", scores.softmax(-1), theta))``, the map that
     :class:`vitlab.models.deepvit.ReAttention` multiplies the values with (its
-    ``reatten_matrix`` holds Θ^T, here with a zero bias; its ``var_norm`` is ``bn``).
+    ``reatten_matrix`` holds Θ^T, here with a zero bias; its ``var_norm`` is ``bn``). The
+    BatchNorm has running statistics from earlier batches, which training mode does not use.
+    Two cases test the numerics: small scores (near-uniform maps that barely vary, where
+    BatchNorm's ``eps`` matters) and scores of a few hundred (a softmax written as
+    ``exp(x) / sum(exp(x))`` overflows there).
 
     Shape: scores (B, H, N, N), theta (H, H) -> (B, H, N, N).
     """
     cases = []
     # The first case has N == H, so that a BatchNorm over the wrong axis runs and is recognised.
-    for seed, (B, H, N) in enumerate(((2, 3, 3), (2, 4, 5), (3, 2, 6), (2, 6, 4))):
+    sizes = ((2, 3, 3, 2.0), (2, 4, 5, 2.0), (3, 2, 6, 2.0), (2, 6, 4, 2.0), (2, 3, 4, 0.1), (2, 4, 5, 60.0))
+    for seed, (B, H, N, size) in enumerate(sizes):
         g = generator(50 + seed)
-        scores = torch.randn(B, H, N, N, generator=g) * 2
+        scores = torch.randn(B, H, N, N, generator=g) * size
         theta = torch.randn(H, H, generator=g)
         bn = nn.BatchNorm2d(H)  # training mode: batch statistics
         with torch.no_grad():
             bn.weight.copy_(1 + 0.5 * torch.randn(H, generator=g))
             bn.bias.copy_(0.5 * torch.randn(H, generator=g))
+            assert bn.running_mean is not None and bn.running_var is not None
+            bn.running_mean.copy_(0.2 * torch.randn(H, generator=g))  # as after some training
+            bn.running_var.copy_(0.5 + torch.rand(H, generator=g))
         label = f"scores {shape(scores)}, theta {shape(theta)}, BatchNorm2d({H}) in training mode"
+        if size < 1:
+            label += ", small scores (near-uniform maps)"
+        elif size > 10:
+            label += f", large scores (up to {scores.abs().max().item():.0f} in size)"
         cases.append(Case(label, (scores, theta, bn)))
     return run_check("re_attention_map", fn, cases, _re_attention_map, known_wrong=_RE_ATTENTION_WRONGS)
+
+
+def _re_attention_layernorm(attn: Tensor, theta: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Θ^T on the heads, then ``nn.LayerNorm(H)`` across the heads at every (b, i, j)."""
+    mixed = rearrange(_mix(attn, theta), "b h i j -> b i j h")
+    return rearrange(F.layer_norm(mixed, (theta.shape[0],), weight, bias), "b i j h -> b h i j")
+
+
+def _standardise(x: Tensor, dims: tuple[int, ...], weight: Tensor, bias: Tensor, *, unbiased: bool = False) -> Tensor:
+    """``x`` standardised over ``dims`` (eps 1e-5), then ``weight``/``bias`` per head (dim 1)."""
+    mean = x.mean(dim=dims, keepdim=True)
+    var = x.var(dim=dims, unbiased=unbiased, keepdim=True)
+    return (x - mean) / torch.sqrt(var + 1e-5) * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+
+
+_LN_RIGHT = (
+    "normalise the H mixed values at every (b, i, j): dims (1,), biased variance, eps 1e-5, then weight and bias"
+)
+
+_RE_ATTENTION_LN_WRONGS = (
+    KnownWrong(
+        lambda a, t, w, b: _standardise(_mix(a, t), (0, 2, 3), w, b),
+        "each head is standardised over the batch and all positions, the official BatchNorm2d; "
+        f"this exercise normalises across the heads: {_LN_RIGHT}",
+    ),
+    KnownWrong(
+        lambda a, t, w, b: _standardise(_mix(a, t), (3,), w, b),
+        f"the maps are normalised over the keys (the last axis, where F.layer_norm works unless the "
+        f"head axis is moved there); {_LN_RIGHT}",
+    ),
+    KnownWrong(
+        lambda a, t, w, b: _standardise(_mix(a, t), (1, 2, 3), w, b),
+        f"each image is normalised over all heads and positions together (a GroupNorm with one group); {_LN_RIGHT}",
+    ),
+    KnownWrong(
+        lambda a, t, w, b: _re_attention_layernorm(a, t.T, w, b),
+        "the heads are mixed with Θ instead of its transpose: new head g = sum_h theta[h, g] * attn[:, h], "
+        "einsum('bhij,hg->bgij')",
+    ),
+    KnownWrong(
+        lambda a, t, w, b: _standardise(_mix(a, t), (1,), w, b, unbiased=True),
+        "the variance is the unbiased one (divided by H - 1); LayerNorm divides by H: var(unbiased=False)",
+    ),
+    KnownWrong(
+        lambda a, t, w, b: _re_attention_layernorm(a, t, torch.ones_like(w), torch.zeros_like(b)),
+        "weight and bias are not applied: after normalising, multiply by weight and add bias, per head",
+    ),
+)
+
+
+def re_attention_layernorm(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(attn, theta, weight, bias) -> map``: re-attention with a LayerNorm across the heads.
+
+    The variant of lucidrains' ``vit-pytorch`` (``vit_pytorch/deepvit.py``): the softmax
+    maps ``attn`` are mixed by Θ^T on the head axis,
+    ``mixed[b, g, i, j] = sum_h theta[h, g] * attn[b, h, i, j]``, then normalised by an
+    ``nn.LayerNorm(H)`` over the head axis, separately at every image and (query, key)
+    pair (mean 0, biased variance 1 over the ``H`` values, eps ``1e-5``), and scaled by
+    ``weight`` and shifted by ``bias`` per head. The official code normalises each head
+    over the batch and positions instead (``BatchNorm2d``, :func:`re_attention_map`).
+
+    Shape: attn (B, H, N, N), theta (H, H), weight (H,), bias (H,) -> (B, H, N, N).
+    """
+    cases = []
+    for seed, (B, H, N) in enumerate(((2, 3, 4), (1, 4, 5), (2, 2, 3), (3, 6, 4))):
+        g = generator(70 + seed)
+        attn = (torch.randn(B, H, N, N, generator=g) * 2).softmax(dim=-1)
+        theta = torch.randn(H, H, generator=g)
+        weight = 1 + 0.5 * torch.randn(H, generator=g)
+        bias = 0.5 * torch.randn(H, generator=g)
+        label = f"attn {shape(attn)}, theta {shape(theta)}, weight and bias ({H},)"
+        cases.append(Case(label, (attn, theta, weight, bias)))
+    return run_check("re_attention_layernorm", fn, cases, _re_attention_layernorm, known_wrong=_RE_ATTENTION_LN_WRONGS)

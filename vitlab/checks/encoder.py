@@ -6,9 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
+from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
+from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 
 # ---------------------------------------------------------------- the pre-norm block
@@ -23,8 +26,11 @@ class _HandBlock(Block):
         )
 
 
-def _block(dim: int, num_heads: int, seed: int) -> Block:
-    """A seeded block in eval mode; LayerNorm gains and biases random too, so each sub-module matters."""
+def _block(dim: int, num_heads: int, seed: int, *, query_gain: float = 1.0) -> Block:
+    """A seeded block in eval mode; LayerNorm gains and biases random too, so each sub-module matters.
+
+    ``query_gain`` multiplies the query rows of ``attn.qkv``: 60 gives logits of a few hundred.
+    """
     with torch.random.fork_rng(devices=[]):  # nn.Linear's init must not move the notebook's global RNG
         block = _HandBlock(dim, num_heads=num_heads).eval()
     g = generator(seed)
@@ -37,6 +43,8 @@ def _block(dim: int, num_heads: int, seed: int) -> Block:
                 p.copy_(1 + 0.2 * noise)
             else:  # biases
                 p.copy_(0.2 * noise)
+        assert isinstance(block.attn, Attention)
+        block.attn.qkv.weight[:dim] *= query_gain  # (qkv h d) rows: the queries come first
     return block
 
 
@@ -85,6 +93,16 @@ def _norm1_twice(x: Tensor, b: Block) -> Tensor:
     return x + b.mlp(b.norm1(x))
 
 
+def _naive_attention(x: Tensor, b: Block) -> Tensor:
+    """The pre-norm block with its attention written out and the softmax as exp(x) / sum(exp(x))."""
+    a = b.attn
+    assert isinstance(a, Attention)
+    q, k, v = rearrange(a.qkv(b.norm1(x)), "B N (qkv h d) -> qkv B h N d", qkv=3, h=a.num_heads)
+    out = naive_softmax_of(q @ k.transpose(-2, -1) * a.scale) @ v  # (B, h, N, d)
+    x = x + a.proj(rearrange(out, "B h N d -> B N (h d)"))
+    return x + b.mlp(b.norm2(x))
+
+
 _BLOCK_WRONGS = (
     KnownWrong(
         _post_norm,
@@ -123,6 +141,7 @@ _BLOCK_WRONGS = (
         _norm1_twice,
         "norm1 is used before the MLP too; each sub-layer has its own LayerNorm: mlp(norm2(x))",
     ),
+    KnownWrong(_naive_attention, f"in the attention written out, {NAIVE_SOFTMAX}; or call block.attn"),
 )
 
 
@@ -134,13 +153,18 @@ def encoder_block(fn: Callable[..., Any]) -> CheckResult:
     sub-modules, ``x = x + block.attn(block.norm1(x))``, then
     ``x = x + block.mlp(block.norm2(x))``, and return ``x``. The tokens have a mean and
     a scale far from 0 and 1, so every LayerNorm and every residual changes the answer.
+    In the last case the queries are 60 times larger, so the attention logits reach a few
+    hundred (an attention written out needs a softmax that does not overflow).
 
     Shape: x (B, N, C), block Block(C, num_heads=h) -> (B, N, C).
     """
     cases = []
-    for seed, (B, N, C, h) in enumerate(((1, 5, 8, 2), (2, 10, 16, 4), (2, 17, 24, 3), (1, 50, 64, 4))):
+    sizes = ((1, 5, 8, 2), (2, 10, 16, 4), (2, 17, 24, 3), (1, 50, 64, 4), (2, 10, 16, 4))
+    for seed, (B, N, C, h) in enumerate(sizes):
         x = 2 * torch.randn(B, N, C, generator=generator(100 + seed)) + 0.5
-        cases.append(Case(f"x {shape(x)}, num_heads={h}", (x, _block(C, h, seed))))
+        large = seed == 4
+        label = f"x {shape(x)}, num_heads={h}" + (", large attention logits (queries x 60)" if large else "")
+        cases.append(Case(label, (x, _block(C, h, seed, query_gain=60.0 if large else 1.0))))
     return run_check("encoder_block", fn, cases, _pre_norm, known_wrong=_BLOCK_WRONGS)
 
 
@@ -178,15 +202,15 @@ def _count(*config: int, without: tuple[str, ...] = (), extra: Callable[..., int
     return total + (extra(*config) if extra is not None else 0)
 
 
-def _missing(message: str, *parts: str, erratum: int | None = None) -> KnownWrong:
-    return KnownWrong(lambda *config: _count(*config, without=parts), message, erratum)
+def _missing(message: str, *parts: str, pitfall: int | None = None) -> KnownWrong:
+    return KnownWrong(lambda *config: _count(*config, without=parts), message, pitfall)
 
 
 _COUNT_WRONGS = (
     _missing(
         "the class token and the position embedding are not counted (the torchsummary total, 86,415,592 "
         "for ViT-B/16): add D + (1 + N) * D, 152,064 for ViT-B/16",
-        "cls_token", "pos_embed", erratum=4,
+        "cls_token", "pos_embed", pitfall=6,
     ),
     KnownWrong(
         lambda *config: _count(*config, without=("cls_token",)),
@@ -242,3 +266,78 @@ def vit_param_count(fn: Callable[..., Any]) -> CheckResult:
         known_wrong=_COUNT_WRONGS,
         expect=Expect(kind="number", integer=True, rtol=0.0, atol=1e-9),
     )
+
+
+# ---------------------------------------------------------------- the post-norm block
+
+
+def _post_norm_no_residual(x: Tensor, b: Block) -> Tensor:
+    x = b.norm1(b.attn(x))
+    return b.norm2(b.mlp(x))
+
+
+def _post_norm_mlp_reads_input(x: Tensor, b: Block) -> Tensor:
+    y = b.norm1(x + b.attn(x))
+    return b.norm2(y + b.mlp(x))
+
+
+def _post_norm_swapped_norms(x: Tensor, b: Block) -> Tensor:
+    x = b.norm2(x + b.attn(x))
+    return b.norm1(x + b.mlp(x))
+
+
+def _sandwich(x: Tensor, b: Block) -> Tensor:
+    x = b.norm1(x + b.attn(b.norm1(x)))
+    return b.norm2(x + b.mlp(b.norm2(x)))
+
+
+_POST_NORM_WRONGS = (
+    KnownWrong(
+        _pre_norm,
+        "this is ViT's pre-norm block, x + f(LN(x)); the post-norm block of the original Transformer "
+        "normalises after the residual add: x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
+    ),
+    KnownWrong(
+        _norm_on_branch,
+        "the LayerNorm is applied to the sub-layer's output only, x + LN(f(x)); post-norm normalises "
+        "the sum: LN(x + f(x))",
+    ),
+    KnownWrong(
+        _post_norm_no_residual,
+        "no residual connections: LN(f(x)) replaces the tokens; add the sub-layer's input before the "
+        "LayerNorm, LN(x + f(x))",
+    ),
+    KnownWrong(
+        _post_norm_mlp_reads_input,
+        "the MLP reads the block's input; it reads the output of the attention sub-layer: "
+        "x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
+    ),
+    KnownWrong(
+        _post_norm_swapped_norms,
+        "norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP",
+    ),
+    KnownWrong(
+        _sandwich,
+        "each sub-layer also reads a normalised copy, LN(x + f(LN(x))); in the post-norm block the "
+        "sub-layer reads x itself: LN(x + f(x))",
+    ),
+)
+
+
+def post_norm_block(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(x, block) -> out``: the original Transformer's post-norm block, by hand.
+
+    ``block`` is a :class:`vitlab.layers.Block` (random weights and LayerNorm gains, eval
+    mode) whose own ``block(x)`` is switched off. Use its sub-modules in the post-norm
+    arrangement of Vaswani et al., the LayerNorm after each residual add:
+    ``x = block.norm1(x + block.attn(x))``, then ``x = block.norm2(x + block.mlp(x))``.
+    Recognises ViT's pre-norm block and the usual slips (no residual, the MLP reading the
+    block's input, swapped norms, a LayerNorm on both sides).
+
+    Shape: x (B, N, C), block Block(C, num_heads=h) -> (B, N, C).
+    """
+    cases = []
+    for seed, (B, N, C, h) in enumerate(((1, 5, 8, 2), (2, 10, 16, 4), (2, 17, 24, 3))):
+        x = 2 * torch.randn(B, N, C, generator=generator(200 + seed)) + 0.5
+        cases.append(Case(f"x {shape(x)}, num_heads={h}", (x, _block(C, h, 10 + seed))))
+    return run_check("post_norm_block", fn, cases, _post_norm, known_wrong=_POST_NORM_WRONGS)

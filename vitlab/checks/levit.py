@@ -1,4 +1,4 @@
-"""Checks for the LeViT chapter: the attention-bias indices and where the bias goes (pitfall 12)."""
+"""Checks for the LeViT chapter: the attention-bias indices and where the bias goes (pitfall 14)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
     ``(y, x) = (i // r, i % r)``. The pair ``(i, j)`` reads entry ``|dy| * r + |dx|``
     (``dy = y_i - y_j``, ``dx = x_i - x_j``) of a table with ``r * r`` entries per head, as
     the official code and :func:`vitlab.models.levit.attention_bias_index` number them.
-    Use ``torch.meshgrid(..., indexing="ij")`` (pitfall 20). An integer tensor.
+    Use ``torch.meshgrid(..., indexing="ij")`` (pitfall 15). An integer tensor.
 
     Shape: resolution int -> (r*r, r*r).
     """
@@ -36,7 +36,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
             lambda r: attention_bias_index(r).reshape(r, r, r, r).permute(1, 0, 3, 2).reshape(r * r, r * r),
             "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
             "gives: number the tokens row by row, (y, x) = (i // r, i % r), with indexing='ij'",
-            20,
+            15,
         ),
         KnownWrong(
             _signed_index,
@@ -56,9 +56,9 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
 
 def _logits(q: Tensor, k: Tensor, bias: Tensor, scale: float, *, where: str = "after") -> Tensor:
     dots = q @ k.transpose(-2, -1)  # (B, h, N_q, N_k)
-    if where == "before":  # the source note's formula: softmax((QK^T + B) / sqrt(D))
+    if where == "before":  # pitfall 14 as a formula: softmax((QK^T + B) / sqrt(D))
         return (dots + bias) * scale
-    if where == "rescaled":  # the note's code: dots + bias / scale
+    if where == "rescaled":  # pitfall 14 as code: dots + bias / scale
         return dots * scale + bias / scale
     return dots * scale + bias
 
@@ -67,7 +67,7 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(q, k, bias, scale) -> logits``: LeViT's attention logits, before the softmax.
 
     ``q k^T * scale + bias`` with ``scale = D**-0.5``: the bias is added *after* scaling
-    and is not rescaled (pitfall 12; the official code and timm, see ``LeViTAttention`` in
+    and is not rescaled (pitfall 14; the official code and timm, see ``LeViTAttention`` in
     :mod:`vitlab.models.levit`). One case is shrink attention (fewer queries than keys).
 
     Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k), scale float -> (B, h, N_q, N_k).
@@ -83,15 +83,15 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
     wrongs = [
         KnownWrong(
             lambda q, k, b, s: _logits(q, k, b, s, where="before"),
-            "the bias is added before scaling, (QK^T + B) * scale: the source note writes (QK^T + B)/sqrt(D); "
+            "the bias is added before scaling, (QK^T + B) * scale, as in softmax((QK^T + B) / sqrt(D)); "
             "the paper's Eq. 1 adds B to the dot product, and the official code computes QK^T * D**-0.5 + B",
-            12,
+            14,
         ),
         KnownWrong(
             lambda q, k, b, s: _logits(q, k, b, s, where="rescaled"),
-            "the bias is rescaled, QK^T * scale + B / scale (the note's code, dots + bias / scale); the "
+            "the bias is rescaled, QK^T * scale + B / scale (dots + bias / scale); the "
             "official code adds it as it is: QK^T * D**-0.5 + B",
-            12,
+            14,
         ),
         KnownWrong(
             lambda q, k, b, s: _logits(q, k, b, s).softmax(dim=-1),
@@ -104,3 +104,78 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
         KnownWrong(lambda q, k, b, s: (q @ k.transpose(-2, -1)) * s, "the bias is missing"),
     ]
     return run_check("levit_attention_logits", fn, cases, _logits, known_wrong=wrongs)
+
+
+def _shrink_index(r: int, s: int, *, queries: str = "strided", row: str = "keys", order: str = "ij") -> Tensor:
+    """The shrink-attention index and the ways it goes wrong (for the known wrong answers)."""
+    n_q = -(-r // s)  # ceil(r / s) queries per side
+    if queries == "floor":  # r // s per side: drops the last row and column when r % s != 0
+        q_axis = torch.arange(r // s) * s
+    elif queries == "unstrided":  # the first n_q rows and columns, not every s-th one
+        q_axis = torch.arange(n_q)
+    elif queries == "centred":  # the centre of each s x s cell instead of its first position
+        q_axis = (torch.arange(0, r, s) + s // 2).clamp(max=r - 1)
+    else:
+        q_axis = torch.arange(0, r, s)
+    axis = torch.arange(r)
+    keys = torch.stack(torch.meshgrid(axis, axis, indexing="ij")).flatten(1)  # (2, r*r)
+    q = torch.stack(torch.meshgrid(q_axis, q_axis, indexing="ij")).flatten(1)  # (2, N_q)
+    offsets = (q[:, :, None] - keys[:, None, :]).abs()  # (2, N_q, r*r): |dy|, |dx|
+    width = r if row == "keys" else n_q
+    if order == "xy":
+        return offsets[1] * width + offsets[0]
+    return offsets[0] * width + offsets[1]
+
+
+def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(resolution, stride) -> idx``: the bias index of LeViT's shrink attention.
+
+    Keys sit on the ``r x r`` map, numbered row by row (``(y, x) = (j // r, j % r)``);
+    queries on rows and columns ``0, s, 2s, ...`` of the same map, ``ceil(r / s)`` per side,
+    also row by row. The pair (query ``i``, key ``j``) reads entry ``|dy| * r + |dx|`` of a
+    table with one entry per offset on the *key* map, as
+    :func:`vitlab.models.levit.attention_bias_index` (timm's numbering) computes it. With
+    ``stride=1`` it is :func:`levit_bias_indices`' square index. An integer tensor.
+
+    Shape: resolution int, stride int -> (ceil(r/s)**2, r*r).
+    """
+    cases = [Case(f"resolution={r}, stride={s}", (r, s)) for r, s in ((7, 2), (14, 2), (5, 3), (4, 1), (1, 2))]
+    wrongs = [
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, queries="floor"),
+            "r // stride queries per side drops the last row and column when r is odd (LeViT's 7 x 7 -> 4 x 4 "
+            "keeps rows 0, 2, 4, 6): there are ceil(r / stride), torch.arange(0, r, stride)",
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, queries="unstrided"),
+            "the queries sit at (i, j), the top-left corner of the key map; they sit at (stride * i, stride * j)",
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, queries="centred"),
+            "the queries sit in the middle of each stride x stride cell; LeViT subsamples from position 0: rows "
+            "and columns 0, stride, 2 * stride, ...",
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, row="queries"),
+            "the offset is numbered with the query map's side, |dy| * ceil(r / stride) + |dx|; the table has one "
+            "entry per offset on the key map: |dy| * r + |dx|",
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, order="xy"),
+            "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
+            "gives: number the positions row by row with indexing='ij'",
+            15,
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s).T,
+            "the index is (keys, queries); return one row per query: (N_q, r * r)",
+        ),
+    ]
+    return run_check(
+        "levit_shrink_bias_indices",
+        fn,
+        cases,
+        lambda r, s: attention_bias_index(r, s),
+        known_wrong=wrongs,
+        expect=Expect(integer=True, rtol=0.0, atol=0.0),
+    )

@@ -20,10 +20,30 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
+from vitlab.checks.cvt import PADDED_BY, same_padding
 
 
-def _pool(x: Tensor, weight: Tensor, bias: Tensor, *, stride: int = 2, padding: int = 1) -> Tensor:
+def _pool(
+    x: Tensor, weight: Tensor, bias: Tensor, *, stride: int = 2, padding: int = 1, pad_mode: str = "zeros",
+    repeated: bool = False,
+) -> Tensor:  # fmt: skip
+    """PiT's grouped convolution; the keywords make known wrong answers (``pad_mode``: ``"reflect"``,
+    ``"replicate"`` or ``"same"``; ``repeated``: the input channels tiled by ``repeat``, one group each)."""
+    if pad_mode == "same":
+        x, padding = same_padding(x, 3, stride), 0
+    elif pad_mode != "zeros":
+        x, padding = F.pad(x, [padding] * 4, mode=pad_mode), 0
+    if repeated:  # input channel j % C feeds output channel j
+        return F.conv2d(x.repeat(1, 2, 1, 1), weight, bias, stride=stride, padding=padding, groups=weight.shape[0])
     return F.conv2d(x, weight, bias, stride=stride, padding=padding, groups=x.shape[1])
+
+
+# Two slips of a pooling written without groups=: the channels tiled with repeat, and the padding.
+_REPEATED = (
+    "the input channels are tiled with repeat (c0 c1 ... c0 c1 ...), so output channel j reads input channel "
+    "j % C; with groups=C, output channels 2c and 2c + 1 both read input channel c: repeat_interleave(2, dim=1)"
+)
+_PADDING_WRONGS = tuple((mode, message) for mode, message in PADDED_BY.items())
 
 
 def pit_pooling(fn: Callable[..., Any]) -> CheckResult:
@@ -32,7 +52,7 @@ def pit_pooling(fn: Callable[..., Any]) -> CheckResult:
     One grouped convolution (``groups=C``): kernel 3, stride 2, padding 1, with bias; each
     input channel ``c`` makes the two output channels ``2c`` and ``2c + 1`` from its own
     3x3 neighbourhoods, so the width doubles while the map halves. No 1x1 conv after it
-    (pitfall 10). This is ``Pooling.conv`` in :mod:`vitlab.models.pit`.
+    (pitfall 12). This is ``Pooling.conv`` in :mod:`vitlab.models.pit`.
 
     Shape: x (B, C, H, W), weight (2C, 1, 3, 3), bias (2C,) -> (B, 2C, ceil(H/2), ceil(W/2)).
     """
@@ -56,6 +76,11 @@ def pit_pooling(fn: Callable[..., Any]) -> CheckResult:
         KnownWrong(
             lambda x, w, b: rearrange(_pool(x, w, b), "B (C two) H W -> B (two C) H W", two=2),
             "the output channels are ordered (2 C); with groups=C, input channel c makes output channels 2c and 2c + 1",
+        ),
+        KnownWrong(lambda x, w, b: _pool(x, w, b, repeated=True), _REPEATED),
+        *(
+            KnownWrong(lambda x, w, b, mode=mode: _pool(x, w, b, pad_mode=mode), message)
+            for mode, message in _PADDING_WRONGS
         ),
     ]
     return run_check("pit_pooling", fn, cases, _pool, known_wrong=wrongs)
@@ -85,6 +110,9 @@ def _stage(
     if wrong == "no_padding":
         pool.conv.padding = (0, 0)
     pooled, cls_out = pool(fmap, cls)  # (B, 2C, H', W'), (B, 1, 2C)
+    if wrong in ("repeated", *PADDED_BY):
+        pooled = _pool(fmap, conv_weight, conv_bias, pad_mode=wrong if wrong in PADDED_BY else "zeros",
+                       repeated=wrong == "repeated")  # fmt: skip
     if wrong == "cls_conv":  # the cls token through the conv, as a 1 x 1 map
         cls_out = pool.conv(rearrange(cls, "B 1 C -> B C 1 1")).flatten(1)[:, None]
     if wrong == "naive_tokens":
@@ -106,7 +134,7 @@ def pit_pooling_stage(fn: Callable[..., Any]) -> CheckResult:
     PiT's whole pooling layer between two stages, on tokens: split off the cls token (the
     first token); fold the ``H * W`` spatial tokens, numbered row by row, into the map
     ``(B, C, H, W)``; pool it with one grouped convolution (``groups=C``, ``2C`` outputs,
-    kernel 3, stride 2, padding 1, with bias, and no 1x1 conv after it: pitfall 10);
+    kernel 3, stride 2, padding 1, with bias, and no 1x1 conv after it: pitfall 12);
     flatten it back to tokens row by row; send the cls token through the Linear
     ``C -> 2C`` (``fc_weight``, ``fc_bias``, as ``nn.Linear`` stores them) and put it
     first again. This is :class:`vitlab.models.pit.Pooling` with the reshapes of the stage
@@ -167,5 +195,7 @@ def pit_pooling_stage(fn: Callable[..., Any]) -> CheckResult:
             wrong("no_padding"),
             "the convolution is not padded; PiT pads by 1, so an H x W grid becomes ceil(H/2) x ceil(W/2)",
         ),
+        KnownWrong(wrong("repeated"), _REPEATED),
+        *(KnownWrong(wrong(mode), message) for mode, message in _PADDING_WRONGS),
     ]
     return run_check("pit_pooling_stage", fn, cases, _stage, known_wrong=wrongs)

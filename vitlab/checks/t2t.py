@@ -1,11 +1,13 @@
-"""Checks for the T2T-ViT chapter: the soft split's token count (pitfall 9) and the split itself."""
+"""Checks for the T2T-ViT chapter: the soft split's token count (pitfall 11) and the split itself."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import (
@@ -17,6 +19,7 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
+from vitlab.checks.cvt import PADDED_BY, same_padding
 from vitlab.models.t2t_vit import unfold_output_size
 
 # (size, kernel, stride, padding): T2T-ViT's three splits at 224 px (224 -> 56 -> 28 -> 14),
@@ -42,21 +45,20 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
     wrongs = [
         KnownWrong(
             lambda n, k, s, p: (n + 2 * p - k) / (k - s) + 1,
-            "this is the note's formula, (size + 2p - k) / (k - s) + 1: divide by the stride s, not by the "
-            "overlap k - s, and take the floor: floor((size + 2p - k) / s) + 1",
-            9,
+            "(size + 2p - k) / (k - s) + 1 divides by the overlap of two windows, k - s, and is not floored: "
+            "divide by the stride s and take the floor, floor((size + 2p - k) / s) + 1",
+            11,
         ),
         KnownWrong(
             lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1,
-            "this divides by the overlap k - s, as the note's formula; divide by the stride: "
-            "floor((size + 2p - k) / s) + 1",
-            9,
+            "this divides by the overlap of two windows, k - s; divide by the stride: floor((size + 2p - k) / s) + 1",
+            11,
         ),
         KnownWrong(
             lambda n, k, s, p: (n + 2 * p - k) / (k - s),
-            "this is the note's formula for the width, (size + 2p - k) / (k - s), which also drops the + 1; "
+            "(size + 2p - k) / (k - s) divides by the overlap of two windows, k - s, and also drops the + 1; "
             "use floor((size + 2p - k) / s) + 1 for both sides",
-            9,
+            11,
         ),
         KnownWrong(
             lambda n, k, s, p: (n + 2 * p - k) / s + 1,
@@ -89,7 +91,15 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
 _UNFOLD_NOTE = "(the check compares values only: it cannot tell whether you used F.unfold)"
 
 
-def _soft_split(x: Tensor, kernel: int, stride: int, padding: int) -> Tensor:
+def _soft_split(x: Tensor, kernel: int, stride: int, padding: int, *, pad_mode: str = "zeros") -> Tensor:
+    """The soft split; ``pad_mode`` makes known wrong answers: ``"width"`` (F.pad's (p, p), the width
+    only), ``"reflect"``, ``"replicate"`` or ``"same"`` (TensorFlow's lopsided padding)."""
+    if pad_mode == "width":
+        x, padding = F.pad(x, (padding, padding)), 0
+    elif pad_mode == "same":
+        x, padding = same_padding(x, kernel, stride), 0
+    elif pad_mode != "zeros":
+        x, padding = F.pad(x, [padding] * 4, mode=pad_mode), 0
     return F.unfold(x, kernel_size=kernel, stride=stride, padding=padding).transpose(1, 2)  # (B, L, C*k*k)
 
 
@@ -119,6 +129,97 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
             lambda x, k, s, p: _soft_split(x, k, s, 0),
             "the padding is missing; pass padding= to F.unfold / nn.Unfold",
         ),
+        KnownWrong(
+            lambda x, k, s, p: rearrange(_soft_split(x, k, s, p), "B L (C k1 k2) -> B L (k1 k2 C)", k1=k, k2=k),
+            "each window is flattened (k1 k2 c), channels last, as patchify does; nn.Unfold flattens it (c k1 k2): "
+            "all of channel 0's k x k values, then channel 1's",
+        ),
+        KnownWrong(
+            lambda x, k, s, p: _soft_split(x, k, s, p, pad_mode="width"),
+            "only the width is padded: F.pad(x, (p, p)) pads the last dimension; pad the height too, "
+            "F.pad(x, (p, p, p, p))",
+        ),
+        *(
+            KnownWrong(lambda x, k, s, p, mode=mode: _soft_split(x, k, s, p, pad_mode=mode), message)
+            for mode, message in PADDED_BY.items()
+        ),
     ]
     # The exercise asks for no F.unfold; the values cannot show it, so the PASS line says so.
     return run_check("soft_split", fn, cases, _soft_split, known_wrong=wrongs, pass_note=_UNFOLD_NOTE)
+
+
+_T2T_SPLITS = ((7, 4, 2), (3, 2, 1), (3, 2, 1))  # T2T-ViT's three soft splits, (kernel, stride, padding)
+
+
+def _grids(height: int, width: int, side: Callable[[int, int, int, int], int]) -> Tensor:
+    """The (rows, cols) grid after each of T2T-ViT's three splits, each side counted by ``side``."""
+    rows, cols, grids = height, width, []
+    for k, s, p in _T2T_SPLITS:
+        rows, cols = side(rows, k, s, p), side(cols, k, s, p)
+        grids.append((rows, cols))
+    return torch.tensor(grids, dtype=torch.long)
+
+
+def _t2t_grids(height: int, width: int) -> Tensor:
+    return _grids(height, width, unfold_output_size)
+
+
+def _unchained(height: int, width: int) -> Tensor:
+    """Each split counted from the image's own size (a wrong answer)."""
+    return torch.tensor([(unfold_output_size(height, k, s, p), unfold_output_size(width, k, s, p))
+                         for k, s, p in _T2T_SPLITS], dtype=torch.long)  # fmt: skip
+
+
+_GRID_RIGHT = "each side is floor((n + 2p - k) / stride) + 1, applied to the previous split's grid, rows and cols apart"
+
+_T2T_GRID_WRONGS = (
+    KnownWrong(
+        lambda h, w: _t2t_grids(h, h),
+        f"the width was counted from the height (a square image assumed); {_GRID_RIGHT}",
+    ),
+    KnownWrong(
+        lambda h, w: _t2t_grids(h, w).flip(-1),
+        "the two sides are swapped: each row of the answer is (rows, cols), rows from the height",
+    ),
+    KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: n // s),
+        "each side is n // stride, which ignores kernel and padding; it happens to be right for sides "
+        f"that the strides divide (224 -> 56 -> 28 -> 14) but not in general: {_GRID_RIGHT}",
+    ),
+    KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1),
+        "this divides by k - stride, the overlap of two windows: the T2T paper's Eq. 3 divides by k - s "
+        f"where its s is the overlap, so k - s is the stride; {_GRID_RIGHT}",
+        11,
+    ),
+    KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: (n + 2 * p - k) // s),
+        f"the + 1 is missing: the first window sits at position 0; {_GRID_RIGHT}",
+    ),
+    KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: -(-(n + 2 * p - k) // s) + 1),
+        f"the division is rounded up; a window that does not fit is not a token: {_GRID_RIGHT}",
+    ),
+    KnownWrong(
+        _unchained,
+        "every split was counted from the image's size; each split cuts the previous split's token grid: "
+        + _GRID_RIGHT,
+    ),
+)
+
+
+def t2t_grids(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(height, width) -> grids``: the token grid after each of T2T-ViT's soft splits.
+
+    A ``height x width`` image goes through the three soft splits ``(kernel, stride,
+    padding) = (7, 4, 2), (3, 2, 1), (3, 2, 1)``, each on the re-structurized grid of the
+    one before. Along each side ``n -> floor((n + 2p - k) / s) + 1``
+    (:func:`vitlab.models.t2t_vit.unfold_output_size`), rows and columns apart. The answer
+    is an integer tensor of shape ``(3, 2)``: row ``i`` is ``(rows, cols)`` after split ``i + 1``.
+
+    Shape: ints -> (3, 2) integer tensor.
+    """
+    sizes = ((224, 320), (200, 300), (97, 131), (384, 256), (64, 33))
+    cases = [Case(f"a {h} x {w} image (height x width)", (h, w)) for h, w in sizes]
+    expect = Expect(kind="tensor", integer=True, rtol=0.0, atol=0.0)
+    return run_check("t2t_grids", fn, cases, _t2t_grids, known_wrong=_T2T_GRID_WRONGS, expect=expect)

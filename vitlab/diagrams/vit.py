@@ -96,7 +96,7 @@ def attention_figure(name: str = "vit_small_patch16_224") -> Diagram:
 
 def encoder_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
     """The whole ViT of preset ``name``: patch embedding, [cls] + position embeddings,
-    ``depth`` pre-norm blocks, final norm, head on the class token. Shapes from a traced pass.
+    ``depth`` pre-norm blocks, final norm (over all tokens), head on the class token. Shapes from a traced pass.
 
     Each residual arrow starts where the block's branch starts: the first at the block's
     input (the residual stream ``x``), the second after the first addition.
@@ -134,8 +134,10 @@ def encoder_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
     d.arrow("add1", "add2", dashed=True, constraint=False)
     d.block("norm", "LayerNorm", kind="norm")
     d.arrow("add2", "norm", shape_label((tokens, width)))
-    d.block("head", "Linear head\non the [cls] token", kind="head")
-    d.arrow("norm", "head", shape_label((width,)))
+    d.block("pick", "take the [cls] token", kind="data")
+    d.arrow("norm", "pick", shape_label((tokens, width)))  # the final LayerNorm sees every token
+    d.block("head", "Linear head", kind="head")
+    d.arrow("pick", "head", shape_label((width,)))
     d.block("logits", "logits", kind="data")
     d.arrow("head", "logits", shape_label(shapes["head"][1:]))
     return d
