@@ -30,7 +30,7 @@ def test_unpatchify_round_trip_on_a_non_square_grid() -> None:
 
 
 def test_learned_position_embedding_is_a_small_trainable_table() -> None:
-    # Pitfall 17: (1, N+1, D), one row per token including the cls token.
+    # Pitfall 1: (1, N+1, D), one row per token including the cls token.
     torch.manual_seed(0)
     table = learned_position_embedding(197, 192)
     assert isinstance(table, nn.Parameter) and table.requires_grad

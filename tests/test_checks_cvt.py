@@ -102,7 +102,7 @@ def test_the_layer_itself_passes(capsys: pytest.CaptureFixture[str]) -> None:
         ("cls_query_only", "to the queries only"),
         ("cls_after_linear", "after the linear projections"),
         ("kv_unsqueezed", "query's projection (stride 1)"),
-        ("head_dim_scale", "pitfall 17"),
+        ("head_dim_scale", "pitfall 19"),
         ("softmax_axis", "over the queries"),
         ("merge_d_h", "the heads are merged (d h)"),
         ("merge_reshape", "merged with a plain reshape"),
@@ -239,7 +239,7 @@ def test_avg_right_answer_passes(capsys: pytest.CaptureFixture[str]) -> None:
         ("q_pooled", "the queries were pooled too", None),
         ("cls_dropped", "never re-attached", None),
         ("cls_query_only", "re-attached to the queries only", None),
-        ("head_dim_scale", "scaled by head_dim**-0.5", 17),
+        ("head_dim_scale", "scaled by head_dim**-0.5", 19),
         ("naive_softmax", "exp(x) / sum(exp(x)), which overflows", None),
     ],
 )

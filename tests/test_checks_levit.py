@@ -71,7 +71,7 @@ def test_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Callable[...
         ("unstrided", "top-left corner of the key map", None),
         ("centred", "middle of each stride x stride cell", None),
         ("query_side", "numbered with the query map's side", None),
-        ("xy", "x and y offsets are swapped", 15),
+        ("xy", "x and y offsets are swapped", 13),
         ("transposed", "the index is (keys, queries)", None),
     ],
 )

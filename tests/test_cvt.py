@@ -134,7 +134,7 @@ def test_scale_is_embed_dim_and_head_dim_differs_only_with_heads() -> None:
 
 
 def test_conv_projection_is_depthwise() -> None:
-    # Pitfall 16: output channel c depends on input channel c only.
+    # Pitfall 17: output channel c depends on input channel c only.
     proj = ConvProjection(8).eval()
     x = torch.randn(1, 8, 5, 5)
     bumped = x.clone()

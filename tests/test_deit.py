@@ -147,7 +147,7 @@ def test_errata_7_wrong_hard_target_differs_from_the_right_one() -> None:
     teacher_logits = torch.randn(6, 10, generator=torch.Generator().manual_seed(1))
     cls_logits, dist_logits = model(images)
     right = hard_distillation_loss(cls_logits, dist_logits, teacher_logits, labels)
-    # The seed note: CE of the *cls* head on the teacher's labels; the dist head is unused.
+    # Pitfall 9 (the token-free variant): CE of the *cls* head on the teacher's labels; the dist head is unused.
     wrong = 0.5 * F.cross_entropy(cls_logits, labels) + 0.5 * F.cross_entropy(cls_logits, teacher_logits.argmax(-1))
     assert abs(right.item() - wrong.item()) > 1e-3
     wrong.backward()

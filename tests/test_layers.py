@@ -95,7 +95,7 @@ def test_attention_module_paths_agree_and_return_maps() -> None:
 
 
 def test_qkv_split_is_qkv_h_d_like_timm() -> None:
-    # Pitfall 3: the qkv features are ordered (qkv h d); view/permute gives the same split.
+    # Pitfall 5: the qkv features are ordered (qkv h d); view/permute gives the same split.
     attn = Attention(12, num_heads=3)
     x = torch.randn(2, 5, 12)
     qkv = attn.qkv(x)

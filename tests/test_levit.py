@@ -238,7 +238,7 @@ def test_bias_tables_in_the_model_match_timm() -> None:
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_bias_is_added_after_scaling(stride: int) -> None:
-    # Pitfall 12: softmax(q k^T * D**-0.5 + B), not softmax((q k^T + B) / sqrt(D)), not ... + B / scale.
+    # Pitfall 14: softmax(q k^T * D**-0.5 + B), not softmax((q k^T + B) / sqrt(D)), not ... + B / scale.
     D, h, r = 4, 2, 4
     layer = LeViTAttention(8, 8, key_dim=D, num_heads=h, attn_ratio=2, resolution=r, stride=stride)
     x = torch.randn(2, r * r, 8)
@@ -296,7 +296,7 @@ def test_stem_and_stage_shapes() -> None:
 
 def test_hardswish_everywhere() -> None:
     model = vitlab.create_model("levit_128s")
-    assert not any(isinstance(m, (nn.GELU, nn.ReLU)) for m in model.modules())  # Pitfall 11
+    assert not any(isinstance(m, (nn.GELU, nn.ReLU)) for m in model.modules())  # Pitfall 15
     assert sum(isinstance(m, nn.Hardswish) for m in model.modules()) == 3 + 2 * (9 + 2)
 
 

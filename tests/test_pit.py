@@ -93,7 +93,7 @@ def test_other_image_size_builds_its_own_grid() -> None:
 
 
 def test_pooling_is_one_grouped_conv_without_a_pointwise_conv() -> None:
-    # Pitfall 10: the note adds a 1x1 conv after the depthwise conv; the official PiT has none.
+    # Pitfall 12: a common re-implementation adds a 1x1 conv after the depthwise conv; the official PiT has none.
     model = vitlab.create_model("pit_s_224")
     for stage, in_ch in zip(model.transformers[1:], (144, 288)):
         conv = stage.pool.conv
@@ -111,7 +111,7 @@ def test_pooling_parameter_count() -> None:
     C = 144
     pool = Pooling(C, 2 * C)
     assert vitlab.count_parameters(pool) == 2 * C * 9 + 2 * C + C * 2 * C + 2 * C == 44_640
-    # The note's depthwise conv + 1x1 conv would add a (2C x 2C) pointwise layer: 83,232 more.
+    # A depthwise conv + 1x1 conv (pitfall 12) would add a (2C x 2C) pointwise layer: 83,232 more.
     pointwise = nn.Conv2d(2 * C, 2 * C, kernel_size=1)
     assert vitlab.count_parameters(pointwise) == 83_232
 

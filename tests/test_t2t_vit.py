@@ -110,14 +110,15 @@ def test_token_count_formula_matches_unfold(size: int) -> None:
         assert out.shape[-1] == side * side
 
 
-def test_note_formula_is_wrong() -> None:
-    # Pitfall 9: the note divides by (k - s) instead of s and drops the "+1" of the second
-    # factor. Read charitably (each bracket floored) it still misses every count.
-    def note_count(h: int, w: int, k: int, s: int, p: int) -> int:
+def test_reading_the_papers_overlap_as_the_stride_misses_every_count() -> None:
+    # Pitfall 11: the paper's Eq. 3 divides by k - s with s the *overlap*, so k - s is the
+    # stride. Reading s as the stride (dividing by k - stride) and dropping the "+1" of the
+    # second factor misses every count, even with each bracket floored.
+    def misread_count(h: int, w: int, k: int, s: int, p: int) -> int:
         return ((h + 2 * p - k) // (k - s) + 1) * ((w + 2 * p - k) // (k - s))
 
     right = [unfold_output_size(n, k, s, p) ** 2 for n, (k, s, p) in zip((224, 56, 28), SOFT_SPLITS)]
-    wrong = [note_count(n, n, k, s, p) for n, (k, s, p) in zip((224, 56, 28), SOFT_SPLITS)]
+    wrong = [misread_count(n, n, k, s, p) for n, (k, s, p) in zip((224, 56, 28), SOFT_SPLITS)]
     assert right == [3136, 784, 196]
     assert wrong == [74 * 73, 56 * 55, 28 * 27] == [5402, 3080, 756]
 

@@ -7,7 +7,7 @@ The losses follow the official ``facebookresearch/deit`` ``losses.py``:
 
 where ``cls`` are the logits of the class-token head and ``dist`` those of the
 distillation-token head (``head_dist``). The teacher supervises the *distillation*
-head; the class head only ever sees the true labels (pitfall 7).
+head; the class head only ever sees the true labels (pitfall 9).
 
 The course's teacher convnet is :class:`vitlab.teachers.SmallCNNTeacher`.
 """
@@ -84,7 +84,7 @@ def hard_distillation_loss(
     _check_logits(student_cls_logits, student_dist_logits, teacher_logits)
     base = F.cross_entropy(student_cls_logits, labels)
     teacher_labels = teacher_logits.detach().argmax(dim=-1)  # (B,)
-    distill = F.cross_entropy(student_dist_logits, teacher_labels)  # dist head, not cls head (pitfall 7)
+    distill = F.cross_entropy(student_dist_logits, teacher_labels)  # dist head, not cls head (pitfall 9)
     return (1 - alpha) * base + alpha * distill
 
 

@@ -228,7 +228,7 @@ def cvt_conv_attention(fn: Callable[..., Any]) -> CheckResult:
     map in, tokens out; k and v with stride 2); put the cls token back in front of each,
     unconvolved; then the linear layers ``attn.proj_q``, ``proj_k``, ``proj_v``, split
     into ``attn.num_heads`` heads ``(h d)``, ``softmax(q k^T * attn.scale) v`` (CvT's scale is
-    ``dim**-0.5``, the embedding width: pitfall 17), merge the heads ``(h d)`` and apply
+    ``dim**-0.5``, the embedding width: pitfall 19), merge the heads ``(h d)`` and apply
     ``attn.proj``. Without a cls token, the same with nothing to split. The check tries a
     non-square grid, with and without a cls token; in one case the BatchNorms' running
     variances are about 1e-3 (their eps matters), in the last ``proj_q`` is 200 times larger
@@ -298,7 +298,7 @@ def cvt_conv_attention(fn: Callable[..., Any]) -> CheckResult:
         KnownWrong(
             wrong("head_dim_scale"),
             "the logits are scaled by head_dim**-0.5, the textbook scale; this layer scales by attn.scale, "
-            "CvT's dim**-0.5 over the embedding width, which the released weights were trained with (pitfall 17)",
+            "CvT's dim**-0.5 over the embedding width, which the released weights were trained with (pitfall 19)",
         ),
         KnownWrong(
             wrong("softmax_axis"),
@@ -445,7 +445,7 @@ def cvt_avg_attention(fn: Callable[..., Any]) -> CheckResult:
         KnownWrong(
             wrong("head_dim_scale"),
             "the logits are scaled by head_dim**-0.5; CvT scales by the embedding width, attn.scale = dim**-0.5",
-            17,
+            19,
         ),
         KnownWrong(wrong("naive_softmax"), NAIVE_SOFTMAX),
     ]

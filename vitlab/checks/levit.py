@@ -26,7 +26,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
     ``(y, x) = (i // r, i % r)``. The pair ``(i, j)`` reads entry ``|dy| * r + |dx|``
     (``dy = y_i - y_j``, ``dx = x_i - x_j``) of a table with ``r * r`` entries per head, as
     the official code and :func:`vitlab.models.levit.attention_bias_index` number them.
-    Use ``torch.meshgrid(..., indexing="ij")`` (pitfall 15). An integer tensor.
+    Use ``torch.meshgrid(..., indexing="ij")`` (pitfall 13). An integer tensor.
 
     Shape: resolution int -> (r*r, r*r).
     """
@@ -36,7 +36,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
             lambda r: attention_bias_index(r).reshape(r, r, r, r).permute(1, 0, 3, 2).reshape(r * r, r * r),
             "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
             "gives: number the tokens row by row, (y, x) = (i // r, i % r), with indexing='ij'",
-            15,
+            13,
         ),
         KnownWrong(
             _signed_index,
@@ -164,7 +164,7 @@ def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
             lambda r, s: _shrink_index(r, s, order="xy"),
             "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
             "gives: number the positions row by row with indexing='ij'",
-            15,
+            13,
         ),
         KnownWrong(
             lambda r, s: _shrink_index(r, s).T,

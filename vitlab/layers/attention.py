@@ -57,10 +57,10 @@ def explicit_attention(
     Shape: q (B, h, N_q, d), k (B, h, N_k, d), v (B, h, N_k, d_v)
     -> out (B, h, N_q, d_v), attn (B, h, N_q, N_k).
     """
-    # Scale the logits *before* the softmax, by head_dim**-0.5 (pitfall 1).
+    # Scale the logits *before* the softmax, by head_dim**-0.5 (pitfall 3).
     logits = (q * scale) @ k.transpose(-2, -1)  # (B, h, N_q, N_k)
     if mask is not None:
-        # Out of place: the result must be assigned (pitfall 2).
+        # Out of place: the result must be assigned (pitfall 4).
         logits = logits.masked_fill(~mask, float("-inf"))
     attn = logits.softmax(dim=-1)
     if mask is not None:
@@ -95,7 +95,7 @@ class Attention(nn.Module):
 
     One ``qkv`` linear layer makes queries, keys and values for every head at once; its
     output features are ordered ``(qkv h d)`` as in timm and the original JAX code
-    (pitfall 3: ``(h d qkv)`` loads pretrained weights silently wrong).
+    (pitfall 5: ``(h d qkv)`` loads pretrained weights silently wrong).
 
     Args:
         dim: token width ``C``.

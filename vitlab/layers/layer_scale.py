@@ -11,7 +11,7 @@ class LayerScale(nn.Module):
 
     ``gamma`` starts at ``init_values`` (small, e.g. 1e-5), so every residual branch
     starts close to the identity. CaiT picks ``init_values`` from the network's total
-    depth, not from the layer index (pitfall 8).
+    depth, not from the layer index (pitfall 10).
 
     Shape: x (B, N, C) -> (B, N, C).
     """

@@ -49,7 +49,7 @@ def check_image(
 def patchify(images: Tensor, patch_size: int) -> Tensor:
     """Cut images into flattened patches in row-major patch order, pixels ``(p1 p2 c)``.
 
-    This is a reshape: ``H*W*C == N * P*P*C`` values before and after (pitfall 18).
+    This is a reshape: ``H*W*C == N * P*P*C`` values before and after (pitfall 2).
 
     Shape: images (B, C, H, W) -> (B, N, P*P*C), N = (H/P)(W/P).
     """
@@ -160,7 +160,7 @@ def check_patch_encoder_config(
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
     """Output length of a convolution or unfold: ``floor((size + 2p - k) / s) + 1``.
 
-    The right token-count formula for overlapping patches (pitfall 9): 224 -> 56 -> 28 -> 14
+    The right token-count formula for overlapping patches (pitfall 11): 224 -> 56 -> 28 -> 14
     for T2T-ViT's soft splits, 224 -> 27 for PiT's stem, 224 -> 56 for CvT's first stage.
     """
     return (size + 2 * padding - kernel) // stride + 1

@@ -34,7 +34,7 @@ def sincos_2d_position_embedding(grid_size: tuple[int, int], dim: int, temperatu
     ys, xs = torch.meshgrid(
         torch.arange(gh, dtype=torch.float64),
         torch.arange(gw, dtype=torch.float64),
-        indexing="ij",  # Pitfall 20
+        indexing="ij",  # Pitfall 13
     )
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
     out_y = ys.flatten()[:, None] * omega[None, :]  # (H*W, dim/4)
@@ -46,7 +46,7 @@ def learned_position_embedding(num_tokens: int, dim: int, std: float = 0.02) -> 
     """A learned table to add to the tokens (ViT), truncated-normal initialised.
 
     It covers the cls token too, ``(1, N+1, D)``, and is added *after* the linear
-    projection (pitfall 17).
+    projection (pitfall 1).
 
     Shape: -> (1, num_tokens, dim).
     """

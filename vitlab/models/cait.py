@@ -4,7 +4,7 @@ Two changes to ViT/DeiT let CaiT train 24-48 blocks deep:
 
 * **LayerScale**: every residual branch is multiplied by a learnable per-channel
   diagonal matrix ``diag(gamma)`` that starts at a small ε, chosen from the network's
-  total depth (:func:`layer_scale_init_for_depth`; Pitfall 8: not from the layer index).
+  total depth (:func:`layer_scale_init_for_depth`; Pitfall 10: not from the layer index).
 * **Class-attention**: the patches are processed by self-attention blocks *without* a
   cls token; the cls token enters only in the last two blocks, where it alone is updated,
   attending to ``[cls, patches]``.
@@ -53,7 +53,7 @@ def layer_scale_init_for_depth(depth: int) -> float:
     """The paper's LayerScale init ε for a network of ``depth`` self-attention blocks.
 
     CaiT §2: ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper. The same ε is used
-    in *every* block; it depends on the total depth, not on the layer index (pitfall 8).
+    in *every* block; it depends on the total depth, not on the layer index (pitfall 10).
     ``depth`` counts the self-attention blocks (the 24 of CaiT-XXS-24), not the two
     class-attention blocks.
     """

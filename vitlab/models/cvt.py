@@ -147,7 +147,7 @@ class ConvEmbed(nn.Module):
 class ConvProjection(nn.Module):
     """Depthwise conv (one k x k filter per channel, ``groups=C``) + BatchNorm on the token map.
 
-    Each output channel sees only its own input channel (pitfall 16: a conv with
+    Each output channel sees only its own input channel (pitfall 17: a conv with
     ``groups=heads`` would mix channels within a head's group only). The linear q/k/v
     layer that follows in :class:`ConvAttention` mixes the channels.
 
@@ -195,7 +195,7 @@ class ConvAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         # NOTE(paper): official CvT and HF scale the logits by embed_dim**-0.5, not the textbook
-        # head_dim**-0.5 (pitfall 14): logits sqrt(heads) smaller. The released weights depend on it.
+        # head_dim**-0.5 (pitfall 19): logits sqrt(heads) smaller. The released weights depend on it.
         self.scale = (dim if qk_scale == "embed_dim" else self.head_dim) ** -0.5
         self.with_cls_token = with_cls_token
         self.fused_attn = fused_attn

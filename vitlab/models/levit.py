@@ -105,7 +105,7 @@ def biased_attention_map(q: Tensor, k: Tensor, bias: Tensor, *, scale: float) ->
     """``softmax(q k^T * scale + bias)``. Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k)
     -> (B, h, N_q, N_k)."""
     # Scaling q (N x D numbers) rather than the logits (N x N) is cheaper, same function.
-    logits = (q * scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); the bias after scaling (pitfall 12)
+    logits = (q * scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); the bias after scaling (pitfall 14)
     return logits.softmax(dim=-1)
 
 
@@ -149,7 +149,7 @@ class LeViTAttention(nn.Module):
 
     ``B`` is the learned bias ``attention_biases[:, attention_bias_idxs]``: one table of
     ``r * r`` values per head, gathered by query-key offset. It is zero-initialised and
-    added *after* scaling, not rescaled (pitfall 12). With ``stride=2`` this is shrink
+    added *after* scaling, not rescaled (pitfall 14). With ``stride=2`` this is shrink
     attention: keys and values see the whole ``r x r`` map, queries every second position.
 
     ``fused_attn`` picks the speed path (:func:`fast_biased_attention`, end of file: SDPA

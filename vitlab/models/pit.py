@@ -83,7 +83,7 @@ class Pooling(nn.Module):
 
     A grouped conv with ``groups=in_ch`` and ``out_ch = 2 * in_ch``: every input channel
     makes two output channels from its own 3x3 neighbourhood, with no 1x1 conv after it
-    (pitfall 10). The cls token gets a linear layer to the new width.
+    (pitfall 12). The cls token gets a linear layer to the new width.
 
     Shape: x (B, C, H, W), cls (B, 1, C) -> (B, 2C, ceil(H/2), ceil(W/2)), (B, 1, 2C).
     """
