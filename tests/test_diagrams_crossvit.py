@@ -10,7 +10,7 @@ from vitlab.diagrams.crossvit import crossvit_figure
 
 
 def test_crossvit_figure_numbers_are_the_models() -> None:
-    name = "crossvit_small_240"
+    name = "crossvit_tiny_240"  # the model the chapter computes with
     cfg = vitlab.get_config(name)
     with torch.device("meta"):  # a forward pass on the meta device: real shapes, no compute
         model = vitlab.create_model(name).eval()
@@ -30,4 +30,5 @@ def test_crossvit_figure_numbers_are_the_models() -> None:
     assert f"ViT block × {cfg.depth[0]}" in texts and f"ViT block × {cfg.depth[1]}" in texts
     assert f"encoder × {cfg.num_encoders}" in texts and str(logits.shape[-1]) in d.texts
     assert f"patch embedding {cfg.patch_size[0]}×" in texts and f"resized to {cfg.branch_img_size[1]} px" in texts
+    assert "dashed: patch tokens, not fused" in texts  # the patches bypass the fusion
     assert png_size(d.png())[0] <= 1120

@@ -40,7 +40,7 @@ def test_deepvit_figure_numbers() -> None:
     assert f"{T - 1} × {D}" in texts and f"{T} × {D}" in texts
     assert f"{h} × {T} × {T}" in texts
     assert f"ViT block × {n_plain}" in joined and f"re-attention block × {n_re}" in texts
-    assert f"Θ ({h} × {h})" in joined and f"BatchNorm over the {h} heads" in joined
+    assert f"Θ ({h} × {h})" in joined and f"BatchNorm2d({h}): each head's map" in joined
     assert f"{h} heads × {D // h}" in joined and f"{D} → {hidden} → {D}" in joined
     assert str(logits.shape[-1]) in texts
     stem = model.patch_embed

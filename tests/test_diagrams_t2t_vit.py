@@ -36,7 +36,9 @@ def test_t2t_figure_numbers_are_the_models() -> None:
         assert f"{side}×{side} = {L} tokens\n× {width}" in texts
     assert [math.isqrt(t.shape[1]) for t in (t0, t1, t2)] == list(cfg.grid_sizes)
     assert f"{t0.shape[-1]} → {y0.shape[-1]}" in texts and f"{t1.shape[-1]} → {y1.shape[-1]}" in texts
-    assert f"{y0.shape[1]} × {y0.shape[2]}" in texts and f"{y0.shape[2]} × {s0} × {s0}" in texts
+    assert f"{y0.shape[2]} × {s0} × {s0}" in texts and f"{y1.shape[2]} × {s1} × {s1}" in texts  # re-structurized
+    # the splits are numbered 1, 2, 3, as in the chapter's headings and printouts
+    assert all(f"soft split {i}:" in texts for i in (1, 2, 3)) and "soft split 0" not in texts
     assert f"Linear {t2.shape[-1]} → {out.shape[-1]}" in texts
     assert f"{features.shape[1]} × {cfg.embed_dim}" in texts and f"block × {cfg.depth}" in texts
     assert "unfold 7×7\nstride 4, padding 2" in texts and texts.count("unfold 3×3\nstride 2, padding 1") == 2

@@ -33,41 +33,32 @@ def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
     d_.arrow("embed", "pos", shape_label((n_patches, width)))
     with d_.group(f"self-attention stage: block × {cfg.depth}", changed=True):
         d_.block("sa", f"LayerNorm → talking-heads\nattention, {heads} heads × {d}", kind="attention", changed=True)
-        d_.block("ls1", f"LayerScale ×γ, γ₀ = {eps}", kind="norm", changed=True)
-        d_.op("add1", "+")
+        d_.block("ls1", f"LayerScale ×γ (γ₀ = {eps}), then +", kind="norm", changed=True)
         d_.block("mlp", f"LayerNorm → MLP\n{width} → {hidden} → {width}", kind="mlp")
-        d_.block("ls2", f"LayerScale ×γ, γ₀ = {eps}", kind="norm", changed=True)
-        d_.op("add2", "+")
+        d_.block("ls2", f"LayerScale ×γ (γ₀ = {eps}), then +", kind="norm", changed=True)
     d_.arrow("pos", "sa", shape_label((n_patches, width)))
     d_.arrow("sa", "ls1")
-    d_.arrow("ls1", "add1")
-    d_.arrow("add1", "mlp")
+    d_.arrow("ls1", "mlp")
     d_.arrow("mlp", "ls2")
-    d_.arrow("ls2", "add2")
-    d_.arrow("pos", "add1", dashed=True, constraint=False)  # the residual stream
-    d_.arrow("add1", "add2", dashed=True, constraint=False)
+    d_.arrow("pos", "ls1", dashed=True, constraint=False)  # the residual stream
+    d_.arrow("ls1", "ls2", dashed=True, constraint=False)
     d_.block("cls", "[cls] token", kind="embed")
     with d_.group(f"class-attention stage: block × {cfg.depth_token_only}", changed=True):
         d_.block("ca", f"class-attention: q from [cls],\nk, v from [cls, patches]\n{heads} heads, "
                  f"map 1 × {1 + n_patches}", kind="attention", changed=True)  # fmt: skip
-        d_.block("ls3", "LayerScale", kind="norm", changed=True)
-        d_.op("add3", "+")
+        d_.block("ls3", "LayerScale, then +", kind="norm", changed=True)
         d_.block("mlp2", f"LayerNorm → MLP on [cls]\n{width} → {hidden_ca} → {width}", kind="mlp")
-        d_.block("ls4", "LayerScale", kind="norm", changed=True)
-        d_.op("add4", "+")
-    d_.arrow("add2", "ca", f"patches {shape_label((n_patches, width))}\n(not updated)")
+        d_.block("ls4", "LayerScale, then +", kind="norm", changed=True)
+    d_.arrow("ls2", "ca", f"patches {shape_label((n_patches, width))}\n(not updated)")
     d_.arrow("cls", "ca", shape_label(cls_shape))
     d_.arrow("ca", "ls3")
-    d_.arrow("ls3", "add3")
-    d_.arrow("add3", "mlp2", shape_label(cls_shape))
+    d_.arrow("ls3", "mlp2", shape_label(cls_shape))
     d_.arrow("mlp2", "ls4")
-    d_.arrow("ls4", "add4")
-    d_.arrow("cls", "add3", dashed=True, constraint=False)  # the residual: [cls] only
-    d_.arrow("add3", "add4", dashed=True, constraint=False)
-    d_.block("norm", "concat [cls, patches]\n→ LayerNorm", kind="norm")
-    d_.arrow("add4", "norm", shape_label(cls_shape))
-    d_.block("head", "Linear head on [cls]", kind="head")
-    d_.arrow("norm", "head", shape_label(shapes["norm"][1:]))
+    d_.arrow("cls", "ls3", dashed=True, constraint=False)  # the residual: [cls] only
+    d_.arrow("ls3", "ls4", dashed=True, constraint=False)
+    features = shape_label(shapes["norm"][1:])  # [cls, patches] after the final LayerNorm
+    d_.block("norm", f"concat [cls, patches], {features}\n→ LayerNorm → Linear head on [cls]", kind="head")
+    d_.arrow("ls4", "norm", shape_label(cls_shape))
     d_.block("logits", "logits", kind="data")
-    d_.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    d_.arrow("norm", "logits", shape_label(shapes["head"][1:]))
     return d_

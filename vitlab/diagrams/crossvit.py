@@ -7,11 +7,12 @@ from vitlab.diagrams._style import Diagram, shape_label
 from vitlab.diagrams._trace import trace_preset
 
 
-def crossvit_figure(name: str = "crossvit_small_240") -> Diagram:
+def crossvit_figure(name: str = "crossvit_tiny_240") -> Diagram:
     """CrossViT preset ``name``: the S branch (small patches) and the L branch (large
     patches, on a resized copy) side by side; ``num_encoders`` multi-scale encoders, each
     with its branch blocks and the two cross-attentions (f, attention over the other
-    branch, g); a head per branch, averaged. Shapes from a traced pass.
+    branch, g), while the patch tokens bypass the fusion unchanged; a head per branch,
+    averaged. Shapes from a traced pass.
     """
     cfg = vitlab.get_config(name)
     names = ["patch_embed.0", "patch_embed.1", "blocks.0.blocks.0", "blocks.0.blocks.1", "blocks.0.projs.0",
@@ -35,7 +36,7 @@ def crossvit_figure(name: str = "crossvit_small_240") -> Diagram:
     for i in range(2):
         d.arrow("img", f"embed_{b[i]}", shape_label(size[1:]) if i == 0 else "")
         d.arrow(f"embed_{b[i]}", f"cls_{b[i]}", shape_label(patches[i]))
-    with d.group(f"multi-scale encoder × {cfg.num_encoders}"):
+    with d.group(f"multi-scale encoder × {cfg.num_encoders} (dashed: patch tokens, not fused)"):
         with d.same_rank():
             for i, branch in enumerate("SL"):
                 heads = cfg.num_heads[i]
@@ -51,8 +52,8 @@ def crossvit_figure(name: str = "crossvit_small_240") -> Diagram:
                         f"map 1 × {tokens[j][0]}", kind="attention", changed=True)  # fmt: skip
         with d.same_rank():
             for i in range(2):
-                d.block(f"g_{b[i]}", f"+ residual,\nthen g: {projected[i]} → {tokens[i][1]}", kind="mlp",
-                        changed=True)  # fmt: skip
+                d.block(f"g_{b[i]}", f"+ residual,\nthen g: {projected[i]} → {tokens[i][1]}",
+                        kind="mlp", changed=True)  # fmt: skip
     for i in range(2):
         j = 1 - i
         d.arrow(f"cls_{b[i]}", f"blocks_{b[i]}", shape_label(tokens[i]))
@@ -60,6 +61,8 @@ def crossvit_figure(name: str = "crossvit_small_240") -> Diagram:
         d.arrow(f"f_{b[i]}", f"ca_{b[i]}", shape_label((1, projected[i])))
         d.arrow(f"blocks_{b[j]}", f"ca_{b[i]}", dashed=True)  # the other branch's patches
         d.arrow(f"ca_{b[i]}", f"g_{b[i]}")
+        # the patch tokens skip f, cross-attention and g: only the class token is fused
+        d.arrow(f"blocks_{b[i]}", f"g_{b[i]}", dashed=True)
     with d.same_rank():
         for i, branch in enumerate("SL"):
             d.block(f"head_{b[i]}", f"{branch}: LayerNorm →\nhead on [cls]", kind="head")

@@ -11,7 +11,7 @@ from vitlab.models.deepvit import PatchEmbedCNN
 def deepvit_figure(name: str = "deepvit_s") -> Diagram:
     """DeepViT of preset ``name``: convolutional patch stem, [cls] + position embeddings,
     plain ViT blocks, then the re-attention blocks (softmax maps mixed across the heads by
-    Θ, then BatchNorm over the heads), final norm and head. Shapes from a traced pass.
+    Θ, then a BatchNorm that standardises each head's map on its own), final norm and head. Shapes from a traced pass.
     """
     cfg = vitlab.get_config(name)
     first_re = cfg.depth - cfg.num_reattention_blocks
@@ -41,7 +41,7 @@ def deepvit_figure(name: str = "deepvit_s") -> Diagram:
     with d.group(f"re-attention block × {cfg.num_reattention_blocks}", changed=True):
         d.block("qk", "LayerNorm, q k, v\nsoftmax(q kᵀ / √d)", kind="attention")
         d.block("mix", f"mix the heads: Θ ({heads} × {heads})", kind="attention", changed=True)
-        d.block("bn", f"BatchNorm over the {heads} heads", kind="norm", changed=True)
+        d.block("bn", f"BatchNorm2d({heads}): each head's map\nstandardised on its own", kind="norm", changed=True)
         d.block("av", "× v, project, +", kind="attention")
         d.block("mlp", f"LayerNorm, MLP\n{width} → {hidden} → {width}, +", kind="mlp")
     d.arrow("plain", "qk", shape_label((tokens, width)))

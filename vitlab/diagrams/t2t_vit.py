@@ -34,18 +34,16 @@ def t2t_figure(name: str = "t2t_vit_14") -> Diagram:
             k, s, p = (v[0] if isinstance(v, tuple) else v for v in (k, s, p))
             width, tokens = shapes[prefix + split][1:]  # nn.Unfold gives (B, C*k*k, L)
             side = round(tokens**0.5)
-            d.block(split, f"soft split {i}: unfold {k}×{k}\nstride {s}, padding {p}", kind="embed", changed=True)
+            d.block(split, f"soft split {i + 1}: unfold {k}×{k}\nstride {s}, padding {p}", kind="embed", changed=True)
             arrows.append((previous, split, previous_label))
             token_label = f"{side}×{side} = {tokens} tokens\n× {width}"
             if i < 2:
                 attn = f"attention{i + 1}"
                 out_width = shapes[prefix + attn][-1]
-                d.block(attn, f"token {layer}, 1 head\n{width} → {out_width}", kind="attention", changed=True)
+                d.block(attn, f"token {layer}, 1 head: {width} → {out_width},\nthen re-structurize into an image",
+                        kind="attention", changed=True)  # fmt: skip
                 arrows.append((split, attn, token_label))
-                reshape = f"restructure{i}"
-                d.block(reshape, "re-structurize:\ntokens back to an image", kind="embed", changed=True)
-                arrows.append((attn, reshape, shape_label((tokens, out_width))))
-                previous, previous_label = reshape, shape_label((out_width, side, side))
+                previous, previous_label = attn, shape_label((out_width, side, side))
             else:
                 d.block("project", f"Linear {width} → {shapes[prefix + 'project'][-1]}", kind="embed")
                 arrows.append((split, "project", token_label))
