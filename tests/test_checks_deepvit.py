@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 
 import vitlab.checks
-from vitlab.checks.deepvit import _re_attention_map
+from vitlab.checks.deepvit import _re_attention_heads, _re_attention_map
 from vitlab.models.deepvit import ReAttention
 
 
@@ -212,3 +212,133 @@ def test_layernorm_variant_stub_is_todo() -> None:
         raise NotImplementedError
 
     assert vitlab.checks.re_attention_layernorm(stub).status == "not implemented"
+
+
+# --- Exercise 2: re-attention that changes the number of heads (H_in -> H_out) ---
+
+
+def heads_right_conv(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    """A 1x1 convolution with weight Θ^T, (H_out, H_in, 1, 1), as ReAttention's reatten_matrix."""
+    attn = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+    out = bn(nn.functional.conv2d(attn, theta.T[:, :, None, None])) @ v  # (B, H_out, N, d_v)
+    return out.transpose(1, 2).flatten(2)
+
+
+def heads_right_manual(
+    q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d, *, scale: str = "key", merge: str = "h d",
+    bn_mode: str = "batch", softmax: str = "stable", mix: str = "after softmax",
+) -> Tensor:  # fmt: skip
+    """Written independently: a stable softmax, the mixing as a matrix product, BatchNorm by hand.
+    The keywords make known mistakes."""
+    B, h_in, N, d_k = q.shape
+    h_out, d_v = v.shape[1], v.shape[-1]
+    logits = torch.einsum("bhid,bhjd->bhij", q, k) / (d_k if scale == "key" else d_v) ** 0.5
+    if softmax == "naive":
+        attn = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True)
+    else:
+        attn = torch.exp(logits - logits.amax(-1, keepdim=True))
+        attn = attn / attn.sum(-1, keepdim=True)
+    src = logits if mix == "before softmax" else attn
+    mixed = (src.permute(0, 2, 3, 1) @ theta).permute(0, 3, 1, 2)  # (B, H_out, N, N)
+    if mix == "before softmax":
+        mixed = mixed.softmax(-1)
+    if bn_mode == "running":
+        assert bn.running_mean is not None and bn.running_var is not None
+        mean, var = bn.running_mean.view(1, -1, 1, 1), bn.running_var.view(1, -1, 1, 1)
+    else:
+        mean = mixed.mean((0, 2, 3), keepdim=True)
+        var = ((mixed - mean) ** 2).mean((0, 2, 3), keepdim=True)
+    normed = (mixed - mean) / torch.sqrt(var + bn.eps) * bn.weight.view(1, -1, 1, 1) + bn.bias.view(1, -1, 1, 1)
+    out = normed @ v  # (B, H_out, N, d_v)
+    if merge == "d h":
+        return out.permute(0, 2, 3, 1).reshape(B, N, d_v * h_out)
+    return out.permute(0, 2, 1, 3).reshape(B, N, h_out * d_v)
+
+
+def heads_no_bn(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+    return (mixed(attn, theta) @ v).transpose(1, 2).flatten(2)
+
+
+def heads_bn_first(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+    return (mixed(bn(attn), theta) @ v).transpose(1, 2).flatten(2)
+
+
+def heads_theta_transposed(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+    return (bn(mixed(attn, theta.T)) @ v).transpose(1, 2).flatten(2)
+
+
+def heads_softmax_over_queries(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-2)
+    return (bn(mixed(attn, theta)) @ v).transpose(1, 2).flatten(2)
+
+
+def heads_layernorm(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+    attn = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+    return (layer_norm_over_heads(mixed(attn, theta), bn) @ v).transpose(1, 2).flatten(2)
+
+
+HEADS_WRONG = {
+    "transposed theta": (heads_theta_transposed, "instead of its transpose"),
+    "mix before softmax": (lambda *a: heads_right_manual(*a, mix="before softmax"), "mixed before the softmax"),
+    "batchnorm before mixing": (heads_bn_first, "BatchNorm runs before the mixing"),
+    "no batchnorm": (heads_no_bn, "BatchNorm is missing"),
+    "running statistics": (lambda *a: heads_right_manual(*a, bn_mode="running"), "running statistics"),
+    "layernorm over heads": (heads_layernorm, "across the heads at each (query, key) pair"),
+    "softmax over queries": (heads_softmax_over_queries, "over the queries"),
+    "scale by value width": (lambda *a: heads_right_manual(*a, scale="value"), "scaled by the value head width"),
+    "merged d h": (lambda *a: heads_right_manual(*a, merge="d h"), "merged (d h)"),
+    "naive softmax": (lambda *a: heads_right_manual(*a, softmax="naive"), "exp(x) / sum(exp(x)), which overflows"),
+}
+
+
+@pytest.mark.parametrize("fn", [heads_right_conv, heads_right_manual], ids=["conv", "manual"])
+def test_heads_variant_right_answers_pass(fn, capsys) -> None:
+    result = vitlab.checks.re_attention_heads(fn)
+    assert result.passed, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(HEADS_WRONG))
+def test_heads_variant_wrong_answers_are_named(name: str) -> None:
+    fn, words = HEADS_WRONG[name]
+    result = vitlab.checks.re_attention_heads(fn)
+    assert not result.passed
+    assert words in result.message, result.message
+
+
+def test_heads_variant_naive_softmax_fails_on_the_large_logit_case_only() -> None:
+    result = vitlab.checks.re_attention_heads(HEADS_WRONG["naive softmax"][0])
+    assert result.cases_total is not None and result.cases_passed == result.cases_total - 1
+    assert result.case is not None and "large logits" in result.case
+
+
+def test_heads_variant_random_answer_fails_unnamed() -> None:
+    result = vitlab.checks.re_attention_heads(
+        lambda q, k, v, t, bn: torch.randn(q.shape[0], q.shape[2], v[0, :, 0].numel())
+    )
+    assert not result.passed and result.status == "failed"
+    assert "known mistake" not in result.message
+
+
+def test_heads_variant_stub_is_todo() -> None:
+    def stub(q, k, v, theta, bn):
+        raise NotImplementedError
+
+    assert vitlab.checks.re_attention_heads(stub).status == "not implemented"
+
+
+def test_heads_variant_with_square_theta_is_the_models_forward() -> None:
+    """With H_in == H_out the reference is ReAttention.forward before its output projection."""
+    torch.manual_seed(0)
+    module = ReAttention(12, num_heads=3).train()
+    with torch.no_grad():
+        module.reatten_matrix.bias.zero_()
+    x = torch.randn(2, 5, 12)
+    with torch.no_grad():
+        _, reattn = module(x, return_attn=True)
+        q, k, v = module.qkv(x).reshape(2, 5, 3, 3, 4).permute(2, 0, 3, 1, 4)
+        theta = module.reatten_matrix.weight[:, :, 0, 0].T
+        got = _re_attention_heads(q, k, v, theta, module.var_norm)
+    torch.testing.assert_close(got, (reattn @ v).transpose(1, 2).flatten(2))

@@ -35,11 +35,13 @@ Signatures of the functions under test (two are fixed for graders and other tool
 * ``soft_distillation_from_probs(fn)``: ``fn(cls_logits, dist_logits, teacher_probs (B,K), labels, alpha=, tau=)``
 * ``re_attention(fn)``: ``fn(attn (B,H,N,N), theta (H,H)) -> (B, H, N, N)``, before the norm
 * ``re_attention_map(fn)``: ``fn(scores (B,H,N,N), theta (H,H), bn BatchNorm2d(H)) -> (B, H, N, N)``
+* ``re_attention_heads(fn)``: ``fn(q, k (B,H_in,N,d_k), v (B,H_out,N,d_v), theta (H_in,H_out), bn) -> (B,N,H_out*d_v)``
 * ``re_attention_layernorm(fn)``: ``fn(attn (B,H,N,N), theta (H,H), weight (H,), bias (H,)) -> (B, H, N, N)``
 * ``layer_scale_init(fn)``: ``fn(layer_index, depth) -> float``
 * ``class_attention(fn)``: ``fn(x (B,1+N,C), wq, wk, wv (C,C), num_heads) -> (B, 1, C)``
 * ``class_attention_tokens(fn)``: ``fn(x (B,n+N,C), wq, wk, wv (C,C), num_heads, num_queries) -> (B, n, C)``
 * ``cross_attention_fusion(fn)``: ``fn(x, other, f, g, wq, wk, wv, wo, num_heads) -> (B, 1+N_i, C_i)``
+* ``fusion_macs(fn)``: ``fn(n_s, n_l, c_s, c_l) -> int``, MACs of CrossViT's fusion, both directions
 * ``t2t_token_count(fn)``: ``fn(size, kernel, stride, padding) -> int``
 * ``t2t_grids(fn)``: ``fn(height, width) -> (3, 2)`` integer tensor, (rows, cols) after each soft split
 * ``soft_split(fn)``: ``fn(x (B,C,H,W), kernel, stride, padding) -> (B, L, C*k*k)``
@@ -69,9 +71,9 @@ from vitlab.checks.attention import (
     split_heads,
 )
 from vitlab.checks.cait import class_attention, class_attention_tokens, layer_scale_init
-from vitlab.checks.crossvit import cross_attention_fusion
+from vitlab.checks.crossvit import cross_attention_fusion, fusion_macs
 from vitlab.checks.cvt import cvt_avg_attention, cvt_conv_attention, squeezed_kv_projection
-from vitlab.checks.deepvit import re_attention, re_attention_layernorm, re_attention_map
+from vitlab.checks.deepvit import re_attention, re_attention_heads, re_attention_layernorm, re_attention_map
 from vitlab.checks.deit import (
     hard_distillation_loss,
     mixup_hard_distillation_loss,
@@ -111,6 +113,7 @@ __all__ = [
     "cvt_conv_attention",
     "encoder_block",
     "encoder_block_macs",
+    "fusion_macs",
     "hard_distillation_loss",
     "layer_scale_init",
     "levit_attention_logits",
@@ -125,6 +128,7 @@ __all__ = [
     "post_norm_block",
     "qkv_weight_from_jax",
     "re_attention",
+    "re_attention_heads",
     "re_attention_layernorm",
     "re_attention_map",
     "scaled_dot_product_attention",

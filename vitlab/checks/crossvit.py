@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from vitlab.checks._core import (
     Case,
     CheckResult,
+    Expect,
     KnownWrong,
     generator,
     run_check,
@@ -164,3 +165,86 @@ def cross_attention_fusion(fn: Callable[..., Any]) -> CheckResult:
         wrong(NAIVE_SOFTMAX, naive_softmax=True),
     ]  # fmt: skip
     return run_check("cross_attention_fusion", fn, cases, _reference, known_wrong=wrongs)
+
+
+def _direction_macs(c_i: int, c_j: int, n_j: int, *, keys: int = 1, queries: int = 1, fg: bool = True,
+                    wo: bool = True) -> int:  # fmt: skip
+    """MACs of one direction: branch i's cls token (width C_i) queries branch j (N_j patches, width C_j).
+
+    ``keys=0`` leaves the projected cls token out of the keys; ``queries`` other than 1, ``fg``
+    and ``wo`` make known wrong answers.
+    """
+    tokens = keys + n_j  # z = [f(cls_i), patches_j]
+    macs = 2 * c_i * c_j if fg else 0  # f, then g, on one token each
+    macs += queries * c_j * c_j + 2 * tokens * c_j * c_j  # q, then k and v
+    macs += 2 * queries * tokens * c_j  # q k^T and attn v, all heads together
+    return macs + (queries * c_j * c_j if wo else 0)  # output projection
+
+
+def _fusion_macs(n_s: int, n_l: int, c_s: int, c_l: int) -> int:
+    """Both directions: S's cls token queries L, L's cls token queries S."""
+    return _direction_macs(c_s, c_l, n_l) + _direction_macs(c_l, c_s, n_s)
+
+
+_FUSION_MAC_WRONGS = (
+    KnownWrong(
+        lambda ns, nl, cs, cl: 2 * _fusion_macs(ns, nl, cs, cl), "these are FLOPs (2 per multiply-add); MACs are half"
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl),
+        "only one direction is counted (S's cls token querying L); L's cls token queries S as well",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl, fg=False) + _direction_macs(cl, cs, ns, fg=False),
+        "f and g are not counted: each is a Linear between the two widths, C_S C_L MACs on the one token, "
+        "four of them in all (LayerNorm and GELU are not counted)",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl, keys=0) + _direction_macs(cl, cs, ns, keys=0),
+        "the projected cls token is left out of the keys and values; they come from z = [f(cls_i), patches_j], "
+        "1 + N_j tokens",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: (
+            _direction_macs(cs, cl, nl, queries=1 + nl) + _direction_macs(cl, cs, ns, queries=1 + ns)
+        ),
+        "every token of z is counted as a query, as in self-attention; the fusion has ONE query, f(cls_i): "
+        "q and the output projection act on one token, and the map is 1 x (1 + N_j)",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, ns) + _direction_macs(cl, cs, nl),
+        "the token counts are paired with the wrong branch: S's cls token attends over L's tokens, so the "
+        "direction at width C_L has 1 + N_L keys, and the one at width C_S has 1 + N_S",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl, wo=False) + _direction_macs(cl, cs, ns, wo=False),
+        "the output projection wo is missing: C_j^2 MACs on the one attended token, in each direction",
+    ),
+)
+
+
+def fusion_macs(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(n_s, n_l, c_s, c_l) -> int``: the MACs of one multi-scale encoder's fusion.
+
+    ``n_s``, ``n_l``: the patch tokens of the S and L branches; ``c_s``, ``c_l``: their
+    widths. Both directions count: S's class token queries L (at width ``C_L``, over
+    ``z = [f(cls_S), patches_L]``, ``1 + N_L`` tokens) and L's queries S (width ``C_S``,
+    ``1 + N_S`` tokens). For the direction at width ``C_j`` over ``T = 1 + N_j`` tokens:
+    ``f`` and ``g`` ``C_i C_j`` each (one token), ``q`` ``C_j^2`` (one token), ``k`` and
+    ``v`` ``T C_j^2`` each, ``q k^T`` and ``attn v`` ``T C_j`` each (all heads together:
+    splitting into heads does not change the count), the output projection ``C_j^2``.
+    As :func:`vitlab.family.count_macs`: a product ``(n, a) @ (a, b)`` costs ``n a b``;
+    biases, LayerNorm, GELU, softmax and additions are not counted. A whole number.
+
+    Shape: ints -> int.
+    """
+    sizes = ((400, 196, 96, 192), (400, 196, 192, 384), (400, 196, 384, 768), (576, 324, 224, 448), (9, 4, 8, 16))
+    labels = ("CrossViT-Ti", "CrossViT-S", "CrossViT-B", "CrossViT-18's widths on 24x24 and 18x18 grids", "a toy")
+    cases = [
+        Case(f"{label}: n_s={ns}, n_l={nl}, c_s={cs}, c_l={cl}", (ns, nl, cs, cl))
+        for label, (ns, nl, cs, cl) in zip(labels, sizes)
+    ]
+    return run_check(
+        "fusion_macs", fn, cases, _fusion_macs, known_wrong=_FUSION_MAC_WRONGS,
+        expect=Expect(kind="number", integer=True, rtol=0.0, atol=1e-9),
+    )  # fmt: skip

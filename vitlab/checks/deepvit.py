@@ -260,3 +260,116 @@ def re_attention_layernorm(fn: Callable[..., Any]) -> CheckResult:
         label = f"attn {shape(attn)}, theta {shape(theta)}, weight and bias ({H},)"
         cases.append(Case(label, (attn, theta, weight, bias)))
     return run_check("re_attention_layernorm", fn, cases, _re_attention_layernorm, known_wrong=_RE_ATTENTION_LN_WRONGS)
+
+
+def _re_attention_heads(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d, *,
+                        scale_by: str = "key", merge: str = "h d") -> Tensor:  # fmt: skip
+    """Softmax maps of ``H_in`` heads, mixed by Θ into ``H_out``, ``bn``, times the values, heads merged.
+
+    ``scale_by="value"`` and ``merge="d h"`` make two of the known wrong answers.
+    """
+    d = q.shape[-1] if scale_by == "key" else v.shape[-1]
+    attn = (q @ k.transpose(-2, -1) * d**-0.5).softmax(dim=-1)  # (B, H_in, N, N)
+    reattn = bn(_mix(attn, theta))  # (B, H_out, N, N)
+    return rearrange(reattn @ v, f"b h n d -> b n ({merge})")
+
+
+def _heads_wrong(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A wrong re-attended map ``fn(logits, theta, bn)``, then the values and the merge."""
+
+    def answer(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
+        logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return rearrange(fn(logits, theta, bn) @ v, "b h n d -> b n (h d)")
+
+    return answer
+
+
+_HEADS_RIGHT = "softmax over the keys, mix the H_in maps into H_out with einsum('bhij,hg->bgij'), then bn"
+
+_RE_ATTENTION_HEADS_WRONGS = (
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-1), t.T))),
+        "the heads are mixed with Θ instead of its transpose (the wrong axis of Θ; with H_in != H_out it "
+        "does not even run): new head g = sum_h theta[h, g] * attn[:, h], einsum('bhij,hg->bgij')",
+    ),
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: bn(_mix(s, t).softmax(-1))),
+        f"the heads are mixed before the softmax; re-attention mixes the softmax maps: {_HEADS_RIGHT}",
+    ),
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: _mix(bn(s.softmax(-1)), t)),
+        f"the BatchNorm runs before the mixing; bn has one channel per OUTPUT head (H_out): {_HEADS_RIGHT}",
+    ),
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: _mix(s.softmax(-1), t)),
+        f"the BatchNorm is missing (the mixed maps multiply the values as they are); {_HEADS_RIGHT}",
+    ),
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: _running_statistics(_mix(s.softmax(-1), t), bn)),
+        "the BatchNorm uses its running statistics (bn in eval mode); bn is in training mode: it "
+        "normalises each output head with the batch's own mean and variance over (B, N, N)",
+    ),
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (1,), bn, 1)),
+        "the maps are normalised across the heads at each (query, key) pair (a LayerNorm over the head "
+        "axis); BatchNorm2d(H_out) normalises each output head over the batch and all positions",
+    ),
+    KnownWrong(
+        _heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-2), t))),
+        "the softmax runs over the queries (dim=-2); every query's row sums to 1: softmax(dim=-1)",
+    ),
+    KnownWrong(
+        lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, scale_by="value"),
+        "the logits are scaled by the value head width; q k^T is a dot product of key-width vectors: "
+        "scale by d_k**-0.5, d_k = q.shape[-1]",
+    ),
+    KnownWrong(
+        lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, merge="d h"),
+        "the heads are merged (d h): output channel c * H_out + g holds head g's channel c; merge them "
+        "head by head, rearrange(out, 'b h n d -> b n (h d)')",
+    ),
+    KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(naive_softmax_of(s), t))), NAIVE_SOFTMAX),
+)
+
+
+def re_attention_heads(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(q, k, v, theta, bn) -> out``: re-attention that changes the number of heads.
+
+    Queries and keys come in ``H_in`` heads of width ``d_k``, values in ``H_out`` heads of
+    width ``d_v``; ``theta`` is ``(H_in, H_out)``, ``theta[h, g]`` = how much input head
+    ``h`` feeds output head ``g`` (as in the chapter, now not square), and ``bn`` is an
+    ``nn.BatchNorm2d(H_out)`` in training mode (its running statistics are not used). The
+    answer: ``attn = softmax(q k^T / sqrt(d_k))`` over the keys, ``(B, H_in, N, N)``;
+    ``bn(einsum("bhij,hg->bgij", attn, theta))``, ``(B, H_out, N, N)``; that times ``v``,
+    and the heads merged ``(h d)``. Talking-Heads Attention (Shazeer et al., 2020) mixes
+    the heads after the softmax in the same way, with different head counts allowed. The
+    first case has ``H_in == H_out`` so that Θ used the wrong way round still runs and can
+    be named; the last has logits of a few hundred (a softmax written as
+    ``exp(x) / sum(exp(x))`` overflows there).
+
+    Shape: q, k (B, H_in, N, d_k), v (B, H_out, N, d_v), theta (H_in, H_out)
+    -> (B, N, H_out * d_v).
+    """
+    cases = []
+    # (B, H_in, H_out, N, d_k, d_v, logit gain)
+    sizes = ((2, 4, 4, 5, 8, 8, 1.0), (2, 8, 4, 6, 4, 16, 1.0), (3, 6, 3, 4, 8, 4, 1.0), (2, 2, 6, 5, 8, 2, 1.0),
+             (2, 8, 4, 5, 4, 16, 12.0))  # fmt: skip
+    for seed, (B, h_in, h_out, N, d_k, d_v, gain) in enumerate(sizes):
+        g = generator(90 + seed)
+        q = torch.randn(B, h_in, N, d_k, generator=g) * gain
+        k = torch.randn(B, h_in, N, d_k, generator=g) * gain
+        v = torch.randn(B, h_out, N, d_v, generator=g)
+        theta = torch.randn(h_in, h_out, generator=g)
+        bn = nn.BatchNorm2d(h_out)  # training mode: batch statistics
+        with torch.no_grad():
+            bn.weight.copy_(1 + 0.5 * torch.randn(h_out, generator=g))
+            bn.bias.copy_(0.5 * torch.randn(h_out, generator=g))
+            assert bn.running_mean is not None and bn.running_var is not None
+            bn.running_mean.copy_(0.2 * torch.randn(h_out, generator=g))  # as after some training
+            bn.running_var.copy_(0.5 + torch.rand(h_out, generator=g))
+        label = f"q, k {shape(q)}, v {shape(v)}, theta {shape(theta)}: {h_in} heads into {h_out}"
+        if gain != 1.0:
+            logits = (q @ k.transpose(-2, -1) * d_k**-0.5).abs().max().item()
+            label += f", large logits (up to {logits:.0f})"
+        cases.append(Case(label, (q, k, v, theta, bn)))
+    return run_check("re_attention_heads", fn, cases, _re_attention_heads, known_wrong=_RE_ATTENTION_HEADS_WRONGS)
