@@ -5,6 +5,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+# `make test` runs pytest in two worker processes (pytest-xdist): each test goes to whichever
+# worker is free, except groups that must share one (--dist loadgroup, tests/conftest.py):
+# a notebook's cells (nbval runs them in order in one kernel), the book's tests (one build for
+# test_book.py and test_browser.py) and the grader's kernel tests. PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
+XDIST  := -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: help install mathjax lint test test-fast test-gpu execute book book-online chapter-times reading-times clean
 
@@ -13,7 +19,7 @@ help:
 	@echo "make mathjax    install MathJax with npm ci and copy it into book/_static (the book serves it)"
 	@echo "make lint       ruff (lint + format) and pyright over vitlab, tests and benchmarks; ruff over the notebooks"
 	@echo "make test       lint, unit tests, the book build and every notebook against its stored outputs"
-	@echo "make test-fast  unit tests only (tests/), without the slow ones (second notebook run, fresh venv)"
+	@echo "make test-fast  unit tests only (tests/), without the slow ones (book, browser, notebook runs, fresh venv)"
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
 	@echo "make execute    re-run every notebook in place (regenerates the stored outputs)"
 	@echo "make book       build the book into _build/html (offline: the stored outputs as they are)"
@@ -61,10 +67,13 @@ lint: $(STAMP)
 	$(VENV)/bin/pyright
 
 test: $(STAMP) mathjax lint
-	$(PY) -m pytest tests notebooks $(NBVAL)
+	$(PY) -m pytest $(XDIST) tests notebooks $(NBVAL)
 
-test-fast: $(STAMP) mathjax
-	$(PY) -m pytest tests -m "not slow"
+# The tests marked slow (tests/conftest.py) are left out: the book build and the browser, the
+# notebook runs, the fresh environment, the grader's kernels, torch.compile, and the reference
+# logits of every preset (tests/test_contract.py keeps one reference check per family).
+test-fast: $(STAMP)
+	$(PY) -m pytest $(XDIST) tests -m "not slow"
 
 # CI has no GPU: run this by hand on a CUDA machine. The stored outputs are
 # device-independent, so the same notebooks must pass there too.

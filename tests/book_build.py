@@ -1,7 +1,10 @@
 """The book, built once per test session: a pytest plugin that test_book.py and test_browser.py load.
 
 Both modules say ``pytest_plugins = ["book_build"]``, so the ``html`` fixture is registered
-once, for the whole session, and the book is built once however many modules use it.
+once, for the whole session, and the book is built once however many modules use it. A
+session here is one process: under pytest-xdist (``make test`` runs two workers) both
+modules are one group (``XDIST_GROUPS`` in conftest.py), so they run in the same worker and
+share its one build. Both are marked slow, so ``make test-fast`` builds nothing.
 """
 
 from __future__ import annotations

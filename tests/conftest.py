@@ -1,24 +1,145 @@
-"""Shared test helpers: reference models, logits comparison, parameter counts."""
+"""Shared test helpers. Test modules import them from here (``from conftest import ...``),
+never from each other.
+
+- the repository: ``ROOT``, ``toc_files``, ``output_text``, ``COLAB_CHAPTERS`` and
+  ``fresh_environment_skip_reason`` (the fresh-environment test of test_colab_ready.py);
+- models: random images, perturbed weights, reference models and a logits comparison,
+  parameter counts on the meta device;
+- a fabricated Hugging Face cache (``write_snapshot``, ``add_timm_repo``);
+- the checks of ``vitlab.checks``: ``run``, ``assert_passes``, ``assert_named_mistake``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import re
+import urllib.request
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
+import yaml
 
 import vitlab
+import vitlab.checks as checks
+from vitlab.checks import CheckResult
+
+ROOT = Path(__file__).resolve().parents[1]
+# Chapters run in test_colab_ready.py's fresh environment: they need nothing beyond
+# requirements.txt (02, 03, 06 and 09 import timm, a dev requirement) and no torchvision
+# (see COLAB_TORCH there). They run there a second time, so test_determinism.py leaves them out.
+COLAB_CHAPTERS = ("01_patches.ipynb", "10_levit.ipynb")
+
+
+# Under pytest-xdist (`make test`: -n 2 --dist loadgroup) each test goes to whichever worker
+# is free, except these files, whose tests share one worker, one after the other: the book's
+# tests (one build of the book for both: book_build.py), and the tests that start Jupyter
+# kernels with timeouts (the grader and its sandbox), so that two of them never compete for
+# the same two cores. Each notebook (nbval: its cells run in order in one kernel) is a group too.
+XDIST_GROUPS = {
+    "test_book.py": "book",
+    "test_browser.py": "book",
+    "test_assignments.py": "kernels",
+    "test_grading_attacks.py": "kernels",
+    "test_isolation.py": "kernels",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: a test that takes more than ~20 s on 2 CPU cores")
+    config.addinivalue_line(
+        "markers",
+        "slow: left out of `make test-fast`: the book, the browser, notebook runs, the grader's kernels,"
+        " and tests of more than ~5 s of CPU time (the reference logits of every preset: one per family stays)",
+    )
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Two workers on two cores: one torch thread each instead of two threads each
+        # fighting over both cores. Notebook kernels and subprocesses keep torch's default.
+        torch.set_num_threads(1)
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The work unit of a test under `--dist loadgroup`: its group (``XDIST_GROUPS``), its
+    notebook (nbval), or the test alone."""
+    path = nodeid.split("::", 1)[0]
+    group = XDIST_GROUPS.get(path.rsplit("/", 1)[-1])
+    if group is not None:
+        return group
+    return path if path.endswith(".ipynb") else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: no error where xdist is missing
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`, with the groups named here by file instead of by ``xdist_group``
+    marks: pytest-xdist 3.8 passes a mark's group to the scheduler by editing the node id,
+    which pytest 9.2 no longer allows, so marked tests were spread like any other
+    (pytest-xdist issue #1386). Any other ``--dist`` keeps pytest-xdist's scheduler."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # a dev requirement; only imported under xdist
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return FileGroupScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+# ---------------------------------------------------------------- the repository
+
+
+def toc_files() -> list[str]:
+    """Every ``file:`` entry of _toc.yml (the root first), without suffix."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc.get("parts", []) + toc.get("chapters", []))
+    return [str(Path(f).with_suffix("")) for f in files]
+
+
+def output_text(output: dict) -> str:
+    """The text of one stored notebook output (stream, error traceback or text/plain)."""
+    if output["output_type"] == "stream":
+        return "".join(output["text"])
+    if output["output_type"] == "error":
+        return "\n".join(output["traceback"])
+    return "".join(output.get("data", {}).get("text/plain", ""))
+
+
+def index_unreachable() -> str | None:
+    """Why pip cannot reach its package index, or None when it can."""
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple/")
+    try:
+        urllib.request.urlopen(urllib.request.Request(index, method="HEAD"), timeout=10).close()
+    except OSError as error:
+        return f"no package index ({index}: {error})"
+    return None
+
+
+def fresh_environment_skip_reason() -> str | None:
+    """Why the fresh-environment test is skipped, or None when it runs. On CI it always runs."""
+    return None if os.environ.get("CI", "").lower() in {"1", "true", "yes"} else index_unreachable()
+
+
+# ---------------------------------------------------------------- models
 
 
 def random_images(batch: int = 2, size: int | tuple[int, int] = 224, channels: int = 3, seed: int = 0) -> torch.Tensor:
@@ -91,3 +212,85 @@ def assert_same_logits(
         expected = expected.logits
     assert got.shape == expected.shape, f"shape {tuple(got.shape)} vs reference {tuple(expected.shape)}"
     torch.testing.assert_close(got, expected, atol=atol, rtol=0)
+
+
+# ---------------------------------------------------------------- a fabricated Hugging Face cache
+
+COMMIT = hashlib.sha1(b"vitlab fabricated snapshot").hexdigest()  # any 40-hex commit id
+
+
+def _git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def write_snapshot(hub_cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
+    """Put ``files`` (name in the repo -> file on disk) in ``hub_cache`` as huggingface_hub does.
+
+    Large (LFS) files are stored under their sha256, small ones under their git blob sha1;
+    the snapshot holds relative symlinks to the blobs. Returns the snapshot folder.
+    """
+    repo = hub_cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, path in files.items():
+        data = path.read_bytes()
+        is_lfs = name.endswith((".safetensors", ".bin"))
+        blob = hashlib.sha256(data).hexdigest() if is_lfs else _git_blob_sha1(data)
+        (repo / "blobs" / blob).write_bytes(data)
+        (snapshot / name).symlink_to(Path("..", "..", "blobs", blob))
+    return snapshot
+
+
+def add_timm_repo(hub_cache: Path, name: str, work: Path) -> torch.nn.Module:
+    """The repository of timm's default pretrained tag of ``name``, with perturbed random weights.
+
+    Written by timm's own ``save_for_hf`` (``config.json`` + ``model.safetensors``, the
+    files of the ``timm/...`` repositories), plus a README. Returns the saved model.
+    """
+    timm = require_reference("timm")
+    cfg = timm.models.get_pretrained_cfg(name)
+    torch.manual_seed(0)
+    model = perturb_(timm.create_model(name, pretrained=False)).eval()
+    out = work / cfg.hf_hub_id.replace("/", "--")
+    timm.models.save_for_hf(model, str(out), safe_serialization=True)
+    (out / "README.md").write_text(f"---\ntags:\n- timm\n---\n# {cfg.hf_hub_id} (fabricated for a test)\n")
+    write_snapshot(hub_cache, cfg.hf_hub_id, {p.name: p for p in out.iterdir()})
+    return model
+
+
+# ---------------------------------------------------------------- vitlab.checks
+
+
+def run(capsys: pytest.CaptureFixture[str], name: str, fn: Any) -> tuple[CheckResult, str]:
+    """Run the check ``name`` on ``fn``; return its result and the one line it printed."""
+    result = getattr(checks, name)(fn)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.endswith("\n"), f"expected exactly one line, got {out!r}"
+    assert isinstance(result, CheckResult) and result.message == out.rstrip("\n")
+    return result, out.rstrip("\n")
+
+
+def assert_passes(capsys: pytest.CaptureFixture[str], name: str, fn: Any) -> None:
+    """A right answer: a passed result, no case or pitfall, and a PASS line without floats
+    (the same on every device)."""
+    result, line = run(capsys, name, fn)
+    assert result and result.passed and result.status == "passed"
+    assert re.fullmatch(rf"PASS {name}: all \d+ cases match the reference( \(.+\))?", line), line
+    assert result.fraction == 1.0
+    assert result.case is None and result.pitfall is None
+
+
+def assert_named_mistake(
+    capsys: pytest.CaptureFixture[str], name: str, fn: Any, words: str, pitfall: int | None = None
+) -> None:
+    """A known wrong answer: a failed result whose line names the case, then the pitfall
+    (``Pitfall n: ``) or ``a known mistake: ``, and contains ``words``."""
+    result, line = run(capsys, name, fn)
+    assert not result and result.status == "failed"
+    assert line.startswith(f"FAIL {name} [case ")
+    tag = f"Pitfall {pitfall}: " if pitfall is not None else "a known mistake: "
+    assert tag in line and words in line, line
+    assert result.pitfall == pitfall and result.case is not None and f"{result.case}]: {tag}" in line

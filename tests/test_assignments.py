@@ -327,7 +327,7 @@ def pitfall(check: str, answer: str) -> str:
     exec("import torch\n" + answer, namespace)  # noqa: S102 - the test's own wrong answer
     function = next(v for k, v in namespace.items() if callable(v) and k in ("token_count", "attention"))
     with contextlib.redirect_stdout(io.StringIO()):
-        number = getattr(vitlab.checks, check)(function).erratum
+        number = getattr(vitlab.checks, check)(function).pitfall
     assert number is not None, f"{check} does not name this wrong answer as a pitfall"
     return f"Pitfall {number}"
 

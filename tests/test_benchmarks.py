@@ -97,6 +97,7 @@ def test_unknown_vit_pytorch_counterpart() -> None:
         build_vit_pytorch("resnet50")
 
 
+@pytest.mark.slow
 def test_a_short_run_prints_both_tables(capsys: pytest.CaptureFixture[str]) -> None:
     # The smallest model, one image, no warm-up: checks the plumbing, not the speed.
     throughput.main(

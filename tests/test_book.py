@@ -5,9 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_repository import toc_files
+
+from conftest import toc_files
 
 pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+# Slow (a strict book build, then a browser): not in `make test-fast`. Under pytest-xdist both
+# modules run in one worker (conftest.XDIST_GROUPS), so the book is built once there too.
+pytestmark = pytest.mark.slow
 
 COLAB = "colab.research.google.com/github/vitlab-course/vit-lab/blob/main/"
 

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("timm")
 pytest.importorskip("huggingface_hub")
 
-from test_pretrained import add_timm_repo  # noqa: E402 - after the importorskips
+from conftest import add_timm_repo  # noqa: E402 - after the importorskips
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "book" / "_scripts" / "online_book.py"

@@ -31,12 +31,16 @@ from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import urlopen
 
 import pytest
-from test_repository import ROOT, toc_files
+
+from conftest import ROOT, toc_files
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
 
 pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+# Slow (a strict book build, then a browser): not in `make test-fast`. Under pytest-xdist both
+# modules run in one worker (conftest.XDIST_GROUPS), so the book is built once there too.
+pytestmark = pytest.mark.slow
 
 CHROMIUM = Path(os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium"))
 # Flags that work on a machine with no network: without the background-networking ones,

@@ -73,6 +73,7 @@ def _exercise_every_branch(reference: torch.nn.Module) -> torch.nn.Module:
 # CaiT-XS-24 is left out: timm has it only at 384 px, and its layers are the same code as
 # XXS and S (it is checked by parameter count). XXS-24: tests/test_contract.py.
 @pytest.mark.parametrize("name", ["cait_s24_224"])
+@pytest.mark.slow
 def test_timm_weights_give_same_logits(name: str) -> None:
     reference = _exercise_every_branch(timm_model(name))
     model = load_reference(name, reference)

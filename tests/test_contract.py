@@ -11,6 +11,9 @@ in ``REFERENCE_PARAMS`` and nothing else here.
 from __future__ import annotations
 
 import importlib
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -18,8 +21,11 @@ from torch import Tensor, nn
 
 import vitlab
 from conftest import assert_same_logits, load_reference, perturb_, random_images, require_reference
-from vitlab.contract import VisionModel
-from vitlab.family import FAMILIES, TINY_IMAGE_SIZE, attention_token_counts, tiny_model
+from vitlab.contract import MIXED_KINDS, VisionModel
+from vitlab.family import FAMILIES, TINY_IMAGE_SIZE, attention_token_counts, family_of, tiny_model
+from vitlab.layers import attention_layers, record_attention_maps
+from vitlab.models import cait, levit
+from vitlab.rollout import model_rollout
 
 FAMILY_NAMES = list(FAMILIES)
 B = 2
@@ -87,7 +93,7 @@ def as_tuple(out: Tensor | tuple[Tensor, ...] | list[Tensor]) -> tuple[Tensor, .
 
 
 def test_every_registered_model_has_a_family_and_a_reference_count() -> None:
-    families = {type(vitlab.get_config(n)).__module__.rsplit(".", 1)[-1] for n in vitlab.list_models()}
+    families = {family_of(n) for n in vitlab.list_models()}
     assert families == set(FAMILY_NAMES)
     assert set(REFERENCE_PARAMS) == set(vitlab.list_models())
 
@@ -111,15 +117,52 @@ def test_contract(family: str) -> None:
     assert pooled.ndim == 2 and pooled.shape[0] == B
 
 
+def maps_in_call_order(model: nn.Module, x: Tensor) -> list[tuple[str, Tensor]]:
+    """Each attention layer's map, in the order ``model(x)`` calls the layers.
+
+    A forward pre-hook on every attention layer keeps each call's inputs, in call order;
+    then each call is replayed alone, asking the layer itself for its map
+    (``return_attn=True``). Independent of how ``get_attention_maps`` collects its maps.
+    """
+    calls: list[tuple[str, nn.Module, tuple[Any, ...], dict[str, Any]]] = []
+
+    def keep_inputs(name: str) -> Callable[..., None]:
+        def hook(layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            copies = tuple(a.clone() if isinstance(a, Tensor) else a for a in args)  # before any in-place edit
+            calls.append((name, layer, copies, dict(kwargs)))
+
+        return hook
+
+    handles = [
+        layer.register_forward_pre_hook(keep_inputs(name), with_kwargs=True)
+        for layer, name in attention_layers(model).items()
+    ]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.no_grad():
+        return [(name, layer(*args, **{**kwargs, "return_attn": True})[1]) for name, layer, args, kwargs in calls]
+
+
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_attention_maps_one_per_token_mixer_in_forward_order(family: str) -> None:
-    model = tiny(family).eval()
-    maps = model.get_attention_maps(images())
+    model = vitlab.set_fused_attention(tiny(family).eval(), False)  # the path the maps come from
+    x = images()
+    maps = model.get_attention_maps(x)
+    called = maps_in_call_order(model, x)
     counts = attention_token_counts(model, (B, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE))
-    assert len(maps) == len(counts) > 0
-    for attn, tokens in zip(maps, counts):
+    assert len(maps) == len(called) == len(counts) > 0
+    for i, (attn, (name, expected), tokens) in enumerate(zip(maps, called, counts)):
         assert attn.ndim == 4 and attn.shape[0] == B  # (B, heads, N_q, N_k)
         assert attn.shape[-2] <= tokens and attn.shape[-1] <= tokens  # queries and keys come from the input
+        # The i-th map is the map of the i-th attention call of the forward pass.
+        assert attn.shape == expected.shape, (
+            f"map {i} has shape {tuple(attn.shape)}, call {i} ({name}) gives {tuple(expected.shape)}"
+        )
+        torch.testing.assert_close(attn, expected, msg=f"map {i} is not the map of forward call {i} ({name})")
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -131,6 +174,131 @@ def test_fused_and_explicit_attention_agree(family: str) -> None:
         explicit = as_tuple(vitlab.set_fused_attention(model, False)(x))
     for a, b in zip(fused, explicit):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+# Every speed path of the package: PyTorch's fused kernel, CaiT's head mixing, LeViT's kernel
+# choice and bias cache. set_fused_attention(model, False) must reach all of them.
+SPEED_PATHS = [
+    (torch.nn.functional, "scaled_dot_product_attention"),
+    (cait, "mix_heads_fast"),
+    (levit, "fast_biased_attention"),
+    (levit, "cached_attention_bias"),
+]
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_the_switch_turns_every_speed_path_off(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: Counter[str] = Counter()
+    for module, name in SPEED_PATHS:
+
+        def spy(*args: Any, _original: Any = getattr(module, name), _name: str = name, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    model = tiny(family).eval()
+    with torch.no_grad():
+        vitlab.set_fused_attention(model, True)(images())
+        assert calls, "the default path takes at least one speed path"
+        calls.clear()
+        vitlab.set_fused_attention(model, False)(images())
+    assert not calls, f"speed paths still on: {dict(calls)}"
+
+
+# ---------------------------------------------------------------- attention maps: labels, one pass, no side effects
+
+KINDS = {
+    "vit": {"self"},
+    "deit": {"self"},
+    "deepvit": {"self", "re-attention"},
+    "cait": {"mixed", "class"},
+    "t2t_vit": {"self"},
+    "crossvit": {"self", "cross"},
+    "pit": {"self"},
+    "levit": {"self"},
+    "cvt": {"self"},
+}
+
+
+def rows_are_distributions(attn: Tensor) -> bool:
+    return bool((attn >= 0).all()) and torch.allclose(attn.sum(-1), torch.ones(attn.shape[:-1]), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_attention_maps_are_labelled_in_forward_order(family: str) -> None:
+    model = tiny(family).eval()
+    x = images()
+    records = record_attention_maps(model, x)
+    maps = model.get_attention_maps(x)
+    assert len(records) == len(maps)
+    for record, attn in zip(records, maps):
+        torch.testing.assert_close(record.attn, attn, atol=0, rtol=0)
+    # Each layer runs once, so forward order is module order here.
+    assert [r.path for r in records] == list(attention_layers(model).values())
+    modules = dict(model.named_modules())
+    assert all(getattr(modules[r.path], "attn_kind") == r.kind for r in records)
+    assert {r.kind for r in records} == KINDS[family]
+    for r in records:
+        assert r.is_distribution == (r.kind not in MIXED_KINDS)
+        assert rows_are_distributions(r.attn) == r.is_distribution, r.path  # the label is honest
+        if r.is_distribution:
+            assert r.unmixed is None
+        else:  # the heads' softmax maps before the mixing
+            assert r.unmixed is not None and r.unmixed.shape == r.attn.shape and rows_are_distributions(r.unmixed)
+
+
+def module_calls(model: nn.Module, run: Callable[[], object]) -> Counter[str]:
+    """How often each module of ``model`` is called while ``run`` runs."""
+    calls: Counter[str] = Counter()
+    handles = [
+        m.register_forward_pre_hook(lambda _m, _args, name=name: calls.update([name]))
+        for name, m in model.named_modules()
+    ]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_attention_maps_run_no_module_more_often_than_forward(family: str) -> None:
+    # The maps come from the explicit path, which also calls the attention-dropout module
+    # (in eval mode the identity) whose work the fused kernel does inside: compare with it.
+    model = vitlab.set_fused_attention(tiny(family).eval(), False)
+    x = images()
+    forward = module_calls(model, lambda: model(x))
+    for run in (lambda: model.get_attention_maps(x), lambda: model_rollout(model, x)):
+        calls = module_calls(model, run)
+        assert calls.keys() <= forward.keys()
+        assert not {name: (n, forward[name]) for name, n in calls.items() if n > forward[name]}
+
+
+def snapshot(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter and buffer (BatchNorm statistics, non-persistent buffers too), copied."""
+    return {name: t.detach().clone() for name, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_attention_maps_and_rollout_leave_the_model_as_they_found_it(family: str, training: bool) -> None:
+    model = tiny(family).train(training)
+    list(model.children())[-1].train(not training)  # mixed modes must come back as they were, module by module
+    modes = {name: m.training for name, m in model.named_modules()}
+    before = snapshot(model)
+    x = images()
+    model.get_attention_maps(x)
+    record_attention_maps(model, x)
+    model_rollout(model, x)
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    after = snapshot(model)
+    assert not [name for name in before if not torch.equal(before[name], after[name])]
+    if training and any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        with torch.no_grad():
+            model(x)  # a training pass does update the statistics: the check above can fail
+        assert any(not torch.equal(before[name], t) for name, t in snapshot(model).items())
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -210,7 +378,7 @@ def _reference(name: str, source: str) -> nn.Module:
         model = timm.create_model(name, pretrained=False)
     else:  # HuggingFace: CvT is the only family converted from HF
         transformers = require_reference("transformers")
-        from vitlab.references import hf_config_fields
+        from references import hf_config_fields
 
         config = transformers.CvtConfig(**hf_config_fields(vitlab.get_config(name)))
         model = transformers.CvtForImageClassification(config)

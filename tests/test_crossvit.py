@@ -27,6 +27,7 @@ CROSSVIT_NAMES = [
 
 # Six against timm (crossvit_tiny_240: tests/test_contract.py). Batch 1 for the two largest.
 @pytest.mark.parametrize("name", CROSSVIT_NAMES[1:])
+@pytest.mark.slow
 def test_timm_weights_give_same_logits(name: str) -> None:
     reference = timm_model(name)
     model = load_reference(name, reference)
@@ -35,6 +36,7 @@ def test_timm_weights_give_same_logits(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["crossvit_tiny_240", "crossvit_9_dagger_240"])
+@pytest.mark.slow
 def test_timm_weights_with_random_biases_give_same_logits(name: str) -> None:
     # timm initialises biases to 0 and LayerNorms to 1, so a LayerNorm of f or g, or a bias
     # of wq/wk/wv loaded into the wrong place, would not show. Perturb every parameter.

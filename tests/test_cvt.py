@@ -73,6 +73,7 @@ def test_hf_weights_any_image_size(cvt_13_pair) -> None:
     assert_same_logits(model, reference, random_images(2, (72, 104)))
 
 
+@pytest.mark.slow
 def test_hf_weights_give_same_logits_cvt_21() -> None:
     # CvT-21 differs from CvT-13 only in depth; 64 px keeps the test fast.
     reference = hf_cvt("cvt_21")
@@ -80,6 +81,7 @@ def test_hf_weights_give_same_logits_cvt_21() -> None:
     assert_same_logits(load_reference("cvt_21", reference, "hf"), reference, random_images(2, 64))
 
 
+@pytest.mark.slow
 def test_hf_weights_give_same_logits_w24_shape() -> None:
     # W24's widths and heads (3/12/16), shallow: the full 277M-parameter model at 384 px
     # would cost minutes on CPU and test nothing the shallow one does not.

@@ -54,6 +54,7 @@ TIMM_OVERRIDES = {
 
 # deit_tiny_distilled_patch16_224 at full depth: tests/test_contract.py.
 @pytest.mark.parametrize("name", [n for n in DEIT_NAMES if n != "deit_tiny_distilled_patch16_224"])
+@pytest.mark.slow
 def test_timm_weights_give_same_logits(name: str) -> None:
     reference = timm_model(name, **TIMM_OVERRIDES[name])
     model = load_reference(name, reference, **TIMM_OVERRIDES[name])

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_colab_ready import COLAB_CHAPTERS, fresh_environment_skip_reason
-from test_repository import output_text
+
+from conftest import COLAB_CHAPTERS, fresh_environment_skip_reason, output_text
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -12,7 +12,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from test_repository import ROOT, toc_files
+
+from conftest import ROOT, toc_files
 
 INTRO = ROOT / "book" / "intro.md"
 SCRIPT = ROOT / "book" / "_scripts" / "make_learning_path.py"

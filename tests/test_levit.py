@@ -52,6 +52,7 @@ def randomize(model: nn.Module, inputs: torch.Tensor | None = None, seed: int = 
 
 # All five: 128S/128 have key_dim 16, the others 32, and each has its own head layout.
 @pytest.mark.parametrize("name", LEVIT_NAMES)
+@pytest.mark.slow
 def test_timm_weights_give_same_logits(name: str) -> None:
     reference = randomize(timm_model(name))
     model = load_reference(name, reference)
@@ -72,6 +73,7 @@ def test_convert_timm_renames_three_things() -> None:
     assert "stem.conv1.conv.weight" in converted and "stages.1.downsample.attn_downsample.q.linear.weight" in converted
 
 
+@pytest.mark.slow
 def test_training_returns_both_heads_and_eval_averages_them() -> None:
     reference = randomize(timm_model("levit_128s"))
     model = load_reference("levit_128s", reference)
@@ -101,6 +103,7 @@ def flash_threshold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.usefixtures("flash_threshold")
 @pytest.mark.parametrize("name", ["levit_128s", "levit_192"])  # key_dim 16 and 32
+@pytest.mark.slow
 def test_fused_and_explicit_attention_agree(name: str) -> None:
     # 128 px (8x8 -> 4x4 -> 2x2 maps) keeps it fast; the attention code is the same at 224.
     images = random_images(2, 128)

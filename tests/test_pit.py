@@ -19,6 +19,7 @@ PIT_NAMES = ["pit_ti_224", "pit_xs_224", "pit_s_224", "pit_b_224"]
 # Three against timm (pit_ti_224: tests/test_contract.py). PiT-B is the only one with another
 # stem (kernel 14, stride 7), so it is worth its ~10 s; batch 1 keeps it affordable.
 @pytest.mark.parametrize("name", PIT_NAMES[1:])
+@pytest.mark.slow
 def test_timm_weights_give_same_logits(name: str) -> None:
     reference = timm_model(name)
     model = load_reference(name, reference)

@@ -55,6 +55,7 @@ def test_an_all_masked_query_row_gives_zeros_not_nan(fused: bool) -> None:
     torch.testing.assert_close(out[:, 3], attn.proj.bias.expand(2, -1))
 
 
+@pytest.mark.slow
 def test_torch_compile_vit_small_matches_eager() -> None:
     model = vitlab.create_model("vit_small_patch16_224").eval()
     images = random_images(2)

@@ -24,6 +24,7 @@ def test_parameter_count_matches_formula() -> None:
 
 
 @pytest.mark.parametrize("name", VIT_NAMES[1:])  # vit_tiny: tests/test_contract.py
+@pytest.mark.slow
 def test_timm_weights_give_same_logits(name: str) -> None:
     reference = timm_model(name)
     model = load_reference(name, reference)
