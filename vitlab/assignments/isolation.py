@@ -243,10 +243,10 @@ ro() { [ -e "$1" ] || return 0
        if [ -d "$1" ]; then mkdir -p "$root$1"; else mkdir -p "$root$(dirname "$1")"; : > "$root$1"; fi
        mount --rbind "$1" "$root$1"; mount -o remount,bind,ro "$root$1"; }
 rw() { mkdir -p "$root$1"; mount --bind "$1" "$root$1"; }
+mkdir -p "$root/tmp" "$root/proc" "$root/dev" "$root/old"
+mount -t tmpfs -o mode=1777 none "$root/tmp"  # first: a Python installed under /tmp is bound over it
 for p in $VITLAB_RO; do ro "$p"; done
 for l in $VITLAB_LINKS; do ln -s "${l#*=}" "$root${l%%=*}"; done
-mkdir -p "$root/tmp" "$root/proc" "$root/dev" "$root/old"
-mount -t tmpfs -o mode=1777 none "$root/tmp"
 mount -t proc proc "$root/proc"
 for d in null zero full random urandom tty; do : > "$root/dev/$d"; mount --bind "/dev/$d" "$root/dev/$d"; done
 ln -s /proc/self/fd "$root/dev/fd"
