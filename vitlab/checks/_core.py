@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 Status = Literal["passed", "failed", "not implemented"]
@@ -67,6 +68,41 @@ SCRAMBLING_RESHAPE = (
 SWAPPED_GRID = (
     "the grid's height and width are swapped ('B (W H) C'): the tokens are numbered row by row, 'B (H W) C' with H rows"
 )
+
+
+def naive_softmax_of(logits: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` as written from the formula: inf / inf = NaN in float32 once a logit passes ~88."""
+    e = logits.exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+# The message of every check whose answer has a softmax, for an answer that overflows on large logits.
+NAIVE_SOFTMAX = (
+    "the softmax is computed as exp(x) / sum(exp(x)), which overflows for large logits (exp(89) is inf in "
+    "float32, and inf / inf is NaN); subtract each row's max first, or use torch.softmax / x.softmax(dim=-1)"
+)
+
+
+def same_padding(x: Tensor, kernel: int, stride: int) -> Tensor:
+    """TensorFlow's ``padding="SAME"``: ``ceil(size / stride)`` outputs, the padding split with the
+    extra row and column at the bottom and right. Lopsided where PyTorch pads ``k // 2`` on every side."""
+    pads = []
+    for size in (x.shape[-1], x.shape[-2]):  # F.pad's order: the last dimension first
+        total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads)
+
+
+# A map padded another way than with zeros, the same amount on every side: reflect or
+# replicate (the border's own values) or lopsided (TensorFlow's "SAME"). Shared by every
+# check whose exercise pads (CvT's squeezed projection, PiT's pooling, T2T's soft split).
+_ZEROS = "pad with zeros, the same amount on every side (what padding= does in F.conv2d, nn.Conv2d and F.unfold)"
+PADDED_BY = {
+    "reflect": f"the map is padded by reflection (mode='reflect' or padding_mode='reflect'); {_ZEROS}",
+    "replicate": f"the map is padded by repeating its border (mode='replicate'); {_ZEROS}",
+    "same": "the padding is lopsided, TensorFlow's 'SAME' (the extra row and column at the bottom and right "
+    f"only); {_ZEROS}",
+}
 
 
 @dataclass(frozen=True)

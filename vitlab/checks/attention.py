@@ -9,7 +9,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, KnownWrong, randn, run_check, shape
+from vitlab.checks._core import NAIVE_SOFTMAX, Case, CheckResult, KnownWrong, naive_softmax_of, randn, run_check, shape
 from vitlab.layers.attention import explicit_attention
 
 
@@ -31,19 +31,6 @@ def _attention(
     if mask is not None and mask_after:
         weights = weights.masked_fill(~mask, 0.0)
     return (weights * after) @ v
-
-
-def naive_softmax_of(logits: Tensor, dim: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x))`` as written from the formula: inf / inf = NaN in float32 once a logit passes ~88."""
-    e = logits.exp()
-    return e / e.sum(dim=dim, keepdim=True)
-
-
-# The message of every check whose answer has a softmax, for an answer that overflows on large logits.
-NAIVE_SOFTMAX = (
-    "the softmax is computed as exp(x) / sum(exp(x)), which overflows for large logits (exp(89) is inf in "
-    "float32, and inf / inf is NaN); subtract each row's max first, or use torch.softmax / x.softmax(dim=-1)"
-)
 
 
 def _wrong(message: str, pitfall: int | None = None, **knobs: Any) -> KnownWrong:

@@ -10,8 +10,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
-from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
+from vitlab.checks._core import (
+    NAIVE_SOFTMAX,
+    Case,
+    CheckResult,
+    Expect,
+    KnownWrong,
+    generator,
+    naive_softmax_of,
+    run_check,
+    shape,
+)
 from vitlab.layers.attention import explicit_attention
 from vitlab.models.cait import layer_scale_init_for_depth
 

@@ -11,15 +11,16 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from vitlab.checks._core import (
+    NAIVE_SOFTMAX,
     Case,
     CheckResult,
     Expect,
     KnownWrong,
     generator,
+    naive_softmax_of,
     run_check,
     shape,
 )
-from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
 from vitlab.layers.attention import explicit_attention
 from vitlab.models.crossvit import CrossAttentionBlock, projection
 

@@ -11,43 +11,24 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import (
+    NAIVE_SOFTMAX,
+    PADDED_BY,
     SCRAMBLING_RESHAPE,
     SWAPPED_GRID,
     Case,
     CheckResult,
     KnownWrong,
     generator,
+    naive_softmax_of,
     run_check,
+    same_padding,
     shape,
 )
-from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
 
 if TYPE_CHECKING:
     from torch import nn
 
     from vitlab.models.cvt import ConvAttention, ConvProjection
-
-
-def same_padding(x: Tensor, kernel: int, stride: int) -> Tensor:
-    """TensorFlow's ``padding="SAME"``: ``ceil(size / stride)`` outputs, the padding split with the
-    extra row and column at the bottom and right. Lopsided where PyTorch pads ``k // 2`` on every side."""
-    pads = []
-    for size in (x.shape[-1], x.shape[-2]):  # F.pad's order: the last dimension first
-        total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
-        pads += [total // 2, total - total // 2]
-    return F.pad(x, pads)
-
-
-# A map padded another way than with zeros, the same amount on every side: reflect or
-# replicate (the border's own values) or lopsided (TensorFlow's "SAME"). Shared by every
-# check whose exercise pads (CvT's squeezed projection, PiT's pooling, T2T's soft split).
-_ZEROS = "pad with zeros, the same amount on every side (what padding= does in F.conv2d, nn.Conv2d and F.unfold)"
-PADDED_BY = {
-    "reflect": f"the map is padded by reflection (mode='reflect' or padding_mode='reflect'); {_ZEROS}",
-    "replicate": f"the map is padded by repeating its border (mode='replicate'); {_ZEROS}",
-    "same": "the padding is lopsided, TensorFlow's 'SAME' (the extra row and column at the bottom and right "
-    f"only); {_ZEROS}",
-}
 
 
 def _squeeze(

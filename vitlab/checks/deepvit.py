@@ -11,8 +11,16 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
-from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
+from vitlab.checks._core import (
+    NAIVE_SOFTMAX,
+    Case,
+    CheckResult,
+    KnownWrong,
+    generator,
+    naive_softmax_of,
+    run_check,
+    shape,
+)
 from vitlab.models.deepvit import ReAttention
 
 

@@ -9,8 +9,17 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
-from vitlab.checks.attention import NAIVE_SOFTMAX, naive_softmax_of
+from vitlab.checks._core import (
+    NAIVE_SOFTMAX,
+    Case,
+    CheckResult,
+    Expect,
+    KnownWrong,
+    generator,
+    naive_softmax_of,
+    run_check,
+    shape,
+)
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 

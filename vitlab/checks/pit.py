@@ -11,6 +11,7 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import (
+    PADDED_BY,
     SCRAMBLING_RESHAPE,
     SWAPPED_GRID,
     Case,
@@ -18,9 +19,9 @@ from vitlab.checks._core import (
     KnownWrong,
     generator,
     run_check,
+    same_padding,
     shape,
 )
-from vitlab.checks.cvt import PADDED_BY, same_padding
 
 
 def _pool(

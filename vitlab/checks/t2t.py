@@ -11,15 +11,16 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import (
+    PADDED_BY,
     Case,
     CheckResult,
     Expect,
     KnownWrong,
     randn,
     run_check,
+    same_padding,
     shape,
 )
-from vitlab.checks.cvt import PADDED_BY, same_padding
 from vitlab.models.t2t_vit import unfold_output_size
 
 # (size, kernel, stride, padding): T2T-ViT's three splits at 224 px (224 -> 56 -> 28 -> 14),
