@@ -20,7 +20,7 @@ def test_pit_figure_numbers_are_the_models() -> None:
     cfg = model.config
     d = pit_figure(name)
     texts = "\n".join(d.texts)
-    expected = {1000, cfg.img_size, cfg.in_chans, cfg.patch_size, cfg.stride}
+    expected = {1000, cfg.img_size, cfg.in_chans, cfg.patch_size, cfg.patch_stride}
     with torch.no_grad():
         x = model.patch_embed(torch.zeros(1, 3, cfg.img_size, cfg.img_size)) + model.pos_embed
         cls = model.cls_token

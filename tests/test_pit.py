@@ -146,7 +146,7 @@ def test_mismatched_stage_tuples() -> None:
 
 
 def test_non_positive_sizes() -> None:
-    with pytest.raises(ValueError, match=r"must be positive, got stride=8, embed_dim=\(144, 0, 576\)"):
+    with pytest.raises(ValueError, match=r"must be positive, got patch_stride=8, embed_dim=\(144, 0, 576\)"):
         PiTConfig(embed_dim=(144, 0, 576))
 
 

@@ -20,7 +20,7 @@ def pit_figure(name: str = "pit_s_224") -> Diagram:
     names += [f"transformers.{i}.pool" for i in range(1, n_stages)]
     model, size, shapes = trace_preset(name, names)
     _, width, side, _ = shapes["patch_embed"]
-    k, s = cfg.patch_size, cfg.stride
+    k, s = cfg.patch_size, cfg.patch_stride
 
     d = Diagram(f"{name}: pooling between three stages")
     d.block("img", "image", kind="data")

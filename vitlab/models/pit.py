@@ -36,7 +36,7 @@ class PiTConfig:
 
     img_size: int = 224
     patch_size: int = 16
-    stride: int = 8
+    patch_stride: int = 8  # the stem's stride: its 16 x 16 windows overlap
     in_chans: int = 3
     num_classes: int = 1000
     # Per stage. The paper's "channels"; timm and the official code store the width per
@@ -59,9 +59,9 @@ class PiTConfig:
         check_num_classes(self.num_classes)
         if self.img_size < self.patch_size:
             raise ValueError(f"img_size {self.img_size} is smaller than the stem's kernel {self.patch_size}")
-        if self.stride <= 0 or min(self.embed_dim, default=1) <= 0 or min(self.depth, default=1) <= 0:
+        if self.patch_stride <= 0 or min(self.embed_dim, default=1) <= 0 or min(self.depth, default=1) <= 0:
             raise ValueError(
-                f"stride, embed_dim and depth must be positive, got stride={self.stride}, "
+                f"patch_stride, embed_dim and depth must be positive, got patch_stride={self.patch_stride}, "
                 f"embed_dim={self.embed_dim}, depth={self.depth}"
             )
         for dim, heads in zip(self.embed_dim, self.num_heads):
@@ -70,7 +70,7 @@ class PiTConfig:
     @property
     def stage_sizes(self) -> list[int]:
         """Side of the token grid in each stage: 27, 14, 7 for PiT-S at 224 px."""
-        side = conv_output_size(self.img_size, self.patch_size, self.stride, 0)
+        side = conv_output_size(self.img_size, self.patch_size, self.patch_stride, 0)
         sizes = [side]
         for _ in self.depth[1:]:
             side = conv_output_size(side, 3, 2, 1)  # the pooling conv: kernel 3, stride 2, padding 1
@@ -164,7 +164,9 @@ class PiT(nn.Module):
         dims = config.embed_dim  # channels per stage
         side = config.stage_sizes[0]
         # The stem overlaps its windows: kernel 16, stride 8 (a "patch" embedding with overlap).
-        self.patch_embed = nn.Conv2d(config.in_chans, dims[0], kernel_size=config.patch_size, stride=config.stride)
+        self.patch_embed = nn.Conv2d(
+            config.in_chans, dims[0], kernel_size=config.patch_size, stride=config.patch_stride
+        )
         self.pos_embed = nn.Parameter(torch.zeros(1, dims[0], side, side))  # spatial, (1, C, H, W)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dims[0]))
         self.pos_drop = nn.Dropout(config.drop_rate)
@@ -245,7 +247,7 @@ CONFIGS: dict[str, PiTConfig] = {
     "pit_xs_224": PiTConfig(embed_dim=(96, 192, 384), num_heads=(2, 4, 8)),  # 10,618,888 params
     "pit_s_224": PiTConfig(embed_dim=(144, 288, 576), num_heads=(3, 6, 12)),  # 23,461,912 params
     "pit_b_224": PiTConfig(
-        patch_size=14, stride=7, embed_dim=(256, 512, 1024), depth=(3, 6, 4), num_heads=(4, 8, 16)
+        patch_size=14, patch_stride=7, embed_dim=(256, 512, 1024), depth=(3, 6, 4), num_heads=(4, 8, 16)
     ),  # 73,764,840 params
 }
 
