@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitlab import checks
+from conftest import run as check_line
+from vitlab.checks import CheckResult
 
 
 def conv_proj(fmap: Tensor, proj: nn.Module, change: str | None = None) -> Tensor:
@@ -75,11 +77,9 @@ def attention_ok(x: Tensor, grid_size: tuple[int, int], attn: nn.Module, *, chan
     return attn.proj(out)
 
 
-def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> tuple[checks.CheckResult, str]:
-    result = checks.cvt_conv_attention(fn)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return result, out.strip()
+def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[CheckResult, str]:
+    """The check's result and the one line it printed."""
+    return check_line(capsys, "cvt_conv_attention", fn)
 
 
 def test_right_answer_passes_fast(capsys: pytest.CaptureFixture[str]) -> None:
@@ -218,11 +218,9 @@ def avg_attention_ok(x: Tensor, grid_size: tuple[int, int], attn: nn.Module, *, 
     return attn.proj(out.transpose(1, 2).reshape(B, -1, C))
 
 
-def run_avg(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> tuple[checks.CheckResult, str]:
-    result = checks.cvt_avg_attention(fn)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return result, out.strip()
+def run_avg(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[CheckResult, str]:
+    """The check's result and the one line it printed."""
+    return check_line(capsys, "cvt_avg_attention", fn)
 
 
 def test_avg_right_answer_passes(capsys: pytest.CaptureFixture[str]) -> None:

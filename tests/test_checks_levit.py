@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor
 
 import vitlab
-from vitlab import checks
+from conftest import run as check_line
+from vitlab.checks import CheckResult
 
 
 def index_by_loops(resolution: int, stride: int) -> Tensor:
@@ -50,11 +52,9 @@ def with_one_change(change: str) -> Callable[[int, int], Tensor]:
     return fn
 
 
-def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> tuple[checks.CheckResult, str]:
-    result = checks.levit_shrink_bias_indices(fn)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return result, out.strip()
+def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[CheckResult, str]:
+    """The check's result and the one line it printed."""
+    return check_line(capsys, "levit_shrink_bias_indices", fn)
 
 
 @pytest.mark.parametrize("fn", [index_by_loops, index_by_broadcasting])

@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 
 import vitlab.checks as checks
+from conftest import run as check_line
+from vitlab.checks import CheckResult
 
 
 def block_matrices(maps: list[Tensor], *, residual: bool = True) -> list[Tensor]:
@@ -35,9 +37,9 @@ def mean_pool_ok(maps: list[Tensor]) -> Tensor:
     return R.sum(dim=1) / R.shape[1]
 
 
-def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[Any, str]:
-    result = checks.mean_pool_rollout(fn)
-    return result, capsys.readouterr().out.strip()
+def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[CheckResult, str]:
+    """The check's result and the one line it printed."""
+    return check_line(capsys, "mean_pool_rollout", fn)
 
 
 def test_exported_and_documented() -> None:

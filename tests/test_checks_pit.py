@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab import checks
+from conftest import run as check_line
+from vitlab.checks import CheckResult
 
 
 def stage_ok(
@@ -90,11 +92,9 @@ def with_one_change(change: str) -> Callable[..., Tensor]:
     return fn
 
 
-def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> tuple[checks.CheckResult, str]:
-    result = checks.pit_pooling_stage(fn)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1
-    return result, out.strip()
+def run(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[CheckResult, str]:
+    """The check's result and the one line it printed."""
+    return check_line(capsys, "pit_pooling_stage", fn)
 
 
 @pytest.mark.parametrize("fn", [stage_ok, stage_ok_unfold])

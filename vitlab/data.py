@@ -218,7 +218,7 @@ def make_loaders(
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     generator = torch.Generator().manual_seed(seed)
     train = DataLoader(splits.train, batch_size=batch_size, shuffle=True, generator=generator, num_workers=num_workers)
-    test = DataLoader(splits.test, batch_size=max(batch_size, 256), shuffle=False, num_workers=num_workers)
+    test = eval_loader(splits.test, batch_size=max(batch_size, 256), num_workers=num_workers)
     return train, test
 
 

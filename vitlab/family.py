@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.factory import create_model
 from vitlab.registry import get_config, list_models, module_of, set_fused_attention
-from vitlab.utils import count_parameters
+from vitlab.utils import count_parameters, evaluating
 
 
 def _family_infos() -> dict[str, FamilyInfo]:
@@ -83,7 +83,6 @@ def _profile(model: nn.Module, input_size: tuple[int, ...]) -> tuple[Counter[str
         raise ValueError(f"input_size must be (B, C, H, W), got {tuple(input_size)}")
     fused = {m: m.fused_attn for m in model.modules() if isinstance(getattr(m, "fused_attn", None), bool)}
     grads = {p: p.requires_grad for p in model.parameters()}
-    modes = {m: m.training for m in model.modules()}
     tokens: list[int] = []
     hooks = [
         m.register_forward_pre_hook(lambda _, args: tokens.append(args[0].shape[1]))
@@ -94,9 +93,9 @@ def _profile(model: nn.Module, input_size: tuple[int, ...]) -> tuple[Counter[str
     counter = FlopCounterMode(display=False)
     try:
         set_fused_attention(model, False)
-        model.requires_grad_(False).eval()
+        model.requires_grad_(False)
         x = torch.zeros(input_size, device=device)
-        with counter, torch.no_grad():
+        with evaluating(model), counter, torch.no_grad():
             model(x)
     finally:
         for handle in hooks:
@@ -105,8 +104,6 @@ def _profile(model: nn.Module, input_size: tuple[int, ...]) -> tuple[Counter[str
             module.fused_attn = flag
         for param, flag in grads.items():
             param.requires_grad_(flag)
-        for module, mode in modes.items():
-            module.training = mode
     flops = Counter({str(op).split(".")[-1]: n for op, n in counter.get_flop_counts()["Global"].items()})
     return flops, tokens
 

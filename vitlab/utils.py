@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """Every module of ``model`` in eval mode inside the block; afterwards each gets back its
+    own ``training`` flag (a model may mix modes, e.g. a frozen BatchNorm in a training model)."""
+    modes = {m: m.training for m in model.modules()}
+    try:
+        for m in modes:
+            m.training = False
+        yield model
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:

@@ -44,6 +44,11 @@ _NOT_FINITE = (
 )
 
 
+def _overflowing(reference: Callable[..., Tensor]) -> tuple[KnownWrong, KnownWrong]:
+    """The loss NaN, or inf, on the large-logit case: the two ways a loss written from the formula overflows."""
+    return _not_finite(reference, math.nan), _not_finite(reference, math.inf)
+
+
 def _not_finite(reference: Callable[..., Tensor], value: float) -> KnownWrong:
     """A loss that is ``value`` (NaN or inf) where a logit is past float32's exp range, right elsewhere:
     what a softmax or cross-entropy written from the formula gives on the large-logit case."""
@@ -93,8 +98,7 @@ _HARD_WRONGS = (
                 "(1 - alpha) * CE(cls, labels) + alpha * CE(dist, teacher_labels)"),
     _hard_wrong("probabilities", "the targets are the teacher's probabilities; hard distillation uses its "
                 "argmax as a label, teacher_logits.argmax(-1)"),
-    _not_finite(_hard, math.nan),
-    _not_finite(_hard, math.inf),
+    *_overflowing(_hard),
 )  # fmt: skip
 
 
@@ -163,8 +167,7 @@ _SOFT_WRONGS = (
                 "F.kl_div reads them as probabilities; pass log_target=True (or give it softmax(teacher / tau))"),
     _soft_wrong("teacher_tau", "the teacher's logits are not divided by tau; soften both distributions: "
                 "softmax(teacher_logits / tau) and log_softmax(dist_logits / tau)"),
-    _not_finite(_soft, math.nan),
-    _not_finite(_soft, math.inf),
+    *_overflowing(_soft),
 )  # fmt: skip
 
 
@@ -247,8 +250,7 @@ _MIXUP_WRONGS = (
         lambda c, d, t, y, alpha=0.5: c.shape[0] * _mixup_hard(c, d, t, y, alpha),
         "the losses are summed over the batch; average them over the B images",
     ),
-    _not_finite(_mixup_hard, math.nan),
-    _not_finite(_mixup_hard, math.inf),
+    *_overflowing(_mixup_hard),
 )
 
 
@@ -329,8 +331,7 @@ _PROBS_WRONGS = (
                  "comparable across temperatures)"),
     _probs_wrong("batchmean", "the KL sum is divided by the batch size B (reduction='batchmean'); the official "
                  "DeiT code divides it by B * K, the number of logits"),
-    _not_finite(_soft_from_probs, math.nan),
-    _not_finite(_soft_from_probs, math.inf),
+    *_overflowing(_soft_from_probs),
 )  # fmt: skip
 
 

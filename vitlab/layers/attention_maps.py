@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from vitlab.contract import MIXED_KINDS, AttentionKind, AttentionMap
+from vitlab.utils import evaluating
 
 
 def attention_layers(model: nn.Module) -> dict[nn.Module, str]:
@@ -67,14 +68,10 @@ def record_attention_maps(model: nn.Module, x: Any) -> list[AttentionMap]:
         if layer.attn_kind in MIXED_KINDS:
             mixing = layer.get_submodule(getattr(layer, "unmixed_input"))
             handles.append(mixing.register_forward_pre_hook(keep_the_softmax(layer)))
-    modes = {m: m.training for m in model.modules()}
     try:
-        for m in modes:
-            m.training = False
-        model(x)
+        with evaluating(model):
+            model(x)
     finally:
         for handle in handles:
             handle.remove()
-        for m, mode in modes.items():
-            m.training = mode
     return records
