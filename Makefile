@@ -12,7 +12,7 @@ NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize
 PYTEST_WORKERS ?= 2
 XDIST  := -n $(PYTEST_WORKERS) --dist loadgroup
 
-.PHONY: help install mathjax lint test test-fast test-gpu execute book book-online chapter-times reading-times clean
+.PHONY: help install mathjax lint test test-fast test-gpu execute book book-all book-online translations chapter-times reading-times clean
 
 help:
 	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
@@ -23,7 +23,9 @@ help:
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
 	@echo "make execute    re-run every notebook in place (regenerates the stored outputs)"
 	@echo "make book       build the book into _build/html (offline: the stored outputs as they are)"
-	@echo "make book-online  run the cells that need the internet for real, then build the book (what is published)"
+	@echo "make book-all   build the English, Korean and Chinese editions: _build/html, _build/html/ko, _build/html/zh"
+	@echo "make book-online  run the cells that need the internet for real, then build all three editions (what is published)"
+	@echo "make translations  re-extract the book's messages and update the Korean and Chinese catalogues (book/locales)"
 	@echo "make chapter-times  run each notebook alone in a fresh kernel and print how long it takes"
 	@echo "make reading-times  how long each chapter's main path takes to read (prose and visible code)"
 	@echo "make clean      remove build outputs (keeps $(VENV))"
@@ -61,8 +63,8 @@ mathjax: $(MATHJAX)/tex-mml-chtml.js
 # ruff and pyright are configured in pyproject.toml; notebooks/ruff.toml keeps the notebooks'
 # code within the book's 79-column code blocks.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check vitlab tests benchmarks
-	$(VENV)/bin/ruff format --check vitlab tests benchmarks
+	$(VENV)/bin/ruff check vitlab tests benchmarks book/_scripts book/_ext
+	$(VENV)/bin/ruff format --check vitlab tests benchmarks book/_scripts book/_ext
 	$(VENV)/bin/ruff check notebooks
 	$(VENV)/bin/pyright
 
@@ -88,6 +90,18 @@ execute: $(STAMP)
 
 book: $(STAMP) mathjax
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+# The Korean and Chinese editions: the same build with language=ko / zh_CN and the catalogues
+# in book/locales (book/_scripts/editions.py says how), under _build/html/ko and _build/html/zh.
+book-all: $(STAMP) mathjax
+	$(PY) book/_scripts/editions.py
+
+# After editing a chapter or page: re-extract its messages, merge them into every .po file
+# (new messages are empty, changed ones fuzzy), and list what is left to translate. The
+# leading "-" keeps make going when that list is over the 2 % the tests allow.
+translations: $(STAMP)
+	$(PY) book/_scripts/translations.py extract
+	-$(PY) book/_scripts/translations.py status
 
 # What the publishing workflow runs: a staged copy of the book whose notebooks with
 # %%needs_internet cells run online (a failed download stops it, naming the model), then

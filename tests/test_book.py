@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,44 @@ def test_math_is_served_by_the_book(html: Path) -> None:
     for page in html.rglob("*.html"):
         text = page.read_text(encoding="utf-8")
         assert "cdn.jsdelivr.net" not in text and "mathjax@" not in text, f"{page.name} loads MathJax from a CDN"
+
+
+# --- the Korean and Chinese editions (book/_scripts/editions.py), built beside the English ---
+EDITIONS = {"": "en", "ko/": "ko", "zh/": "zh-CN"}  # folder -> <html lang>
+_LANG = re.compile(r"<html[^>]*\blang=\"([^\"]+)\"")
+_NAV = re.compile(r'<nav class="vitlab-editions"[^>]*>(.*?)</nav>', re.S)
+_HREF = re.compile(r'href="([^"]+)"')
+
+
+@pytest.mark.parametrize("folder", list(EDITIONS))
+@pytest.mark.parametrize("page", toc_files())
+def test_every_edition_has_the_page_and_links_the_others(html: Path, folder: str, page: str) -> None:
+    """Each page exists in all three editions, says its language in <html lang>, and links the
+    same page in the two other editions (relative links that resolve)."""
+    path = html / f"{folder}{page}.html"
+    assert path.exists(), f"{folder}{page}.html was not built"
+    text = path.read_text(encoding="utf-8")
+    lang = _LANG.search(text)
+    assert lang and lang.group(1) == EDITIONS[folder], f"{folder}{page}.html has <html lang={lang and lang.group(1)}>"
+    nav = _NAV.search(text)
+    assert nav, f"{folder}{page}.html has no links to the other editions"
+    targets = {(path.parent / href).resolve() for href in _HREF.findall(nav.group(1))}
+    others = {(html / f"{other}{page}.html").resolve() for other in EDITIONS if other != folder}
+    assert targets == others, f"{folder}{page}.html links {sorted(map(str, targets))}"
+
+
+@pytest.mark.parametrize("folder", ["ko/", "zh/"])
+def test_editions_search_their_own_language(html: Path, folder: str) -> None:
+    """Each edition has its own search index, with words of its language in it (Chinese ones
+    need jieba's segmentation, which Sphinx uses only when it is installed)."""
+    script = (html / folder / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(script[script.index("(") + 1 : script.rindex(")")])
+    word = {"ko/": "어텐션", "zh/": "注意力"}[folder]
+    terms = [term for term in index["terms"] if term.startswith(word)]
+    assert terms, f"{folder}searchindex.js has no term starting with {word!r}"
+    pages = {page for term in terms for page in _as_list(index["terms"][term])}
+    assert len(pages) >= 5, f"{folder}: {word!r} is indexed on {len(pages)} pages only"
+
+
+def _as_list(value: int | list[int]) -> list[int]:
+    return value if isinstance(value, list) else [value]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -56,6 +57,18 @@ VIEWPORT = {"width": 1280, "height": 900}
 
 PAGES = toc_files()
 CHAPTERS = [page for page in PAGES if page.startswith("notebooks/")]
+# One chapter of each translated edition (built under ko/ and zh/ by book/_scripts/editions.py),
+# checked like the English pages plus their fonts, and the pages they are checked against.
+EDITION_CHAPTERS = ["ko/notebooks/02_attention", "zh/notebooks/07_t2t_vit"]
+CJK_FONT = {"ko": "Noto Sans CJK KR", "zh": "Noto Sans CJK SC"}  # fonts-noto-cjk (.ci/run installs it)
+
+
+def source_of(page: str) -> str:
+    """The TOC entry a page is built from: "ko/notebooks/02_attention" -> "notebooks/02_attention"."""
+    head, _, rest = page.partition("/")
+    return rest if head in CJK_FONT else page
+
+
 # Pages Sphinx adds to the TOC's: the redirect to the first page, search, and the index.
 ALL_PAGES = ["index", *PAGES, "search", "genindex"]
 
@@ -262,21 +275,21 @@ def visits(browser: Browser, site: str, math_chapter: str) -> Callable[[str], Vi
     return load
 
 
-@pytest.mark.parametrize("page", ALL_PAGES)
+@pytest.mark.parametrize("page", ALL_PAGES + EDITION_CHAPTERS)
 def test_page_loads_with_no_console_errors(visits: Callable[[str], Visit], page: str) -> None:
     loaded = visits(page)
     assert not loaded.errors, f"{page}.html logged errors:\n" + "\n".join(loaded.errors)
     assert not loaded.failed, f"{page}.html could not load:\n" + "\n".join(loaded.failed)
 
 
-@pytest.mark.parametrize("page", ALL_PAGES)
+@pytest.mark.parametrize("page", ALL_PAGES + EDITION_CHAPTERS)
 def test_page_needs_no_other_host(visits: Callable[[str], Visit], page: str) -> None:
     """Links to Colab or GitHub are fine (a reader follows them); requests are not: offline they fail."""
     external = visits(page).external
     assert not external, f"{page}.html requested other hosts (it must work offline):\n" + "\n".join(external)
 
 
-@pytest.mark.parametrize("page", ALL_PAGES)
+@pytest.mark.parametrize("page", ALL_PAGES + EDITION_CHAPTERS)
 def test_math_is_rendered(visits: Callable[[str], Visit], page: str) -> None:
     snapshot = visits(page).snapshot
     assert not snapshot["unrendered"], f"{page}.html has math MathJax did not render: {snapshot['unrendered'][:5]}"
@@ -284,7 +297,7 @@ def test_math_is_rendered(visits: Callable[[str], Visit], page: str) -> None:
     assert not snapshot["raw_dollars"], f"{page}.html shows a raw $$ outside code (math MyST did not parse)"
 
 
-@pytest.mark.parametrize("page", ALL_PAGES)
+@pytest.mark.parametrize("page", ALL_PAGES + EDITION_CHAPTERS)
 def test_images_load(visits: Callable[[str], Visit], page: str) -> None:
     broken = [image["src"] for image in visits(page).snapshot["images"] if not image["loaded"]]
     assert not broken, f"{page}.html has images that did not load: {broken}"
@@ -296,29 +309,31 @@ def _image_outputs(notebook: Path) -> int:
     return sum(any(kind.startswith("image/") for kind in output.get("data", {})) for output in outputs)
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
 def test_chapter_shows_its_figures(visits: Callable[[str], Visit], page: str) -> None:
-    expected = _image_outputs(ROOT / f"{page}.ipynb")
+    expected = _image_outputs(ROOT / f"{source_of(page)}.ipynb")
     figures = [image for image in visits(page).snapshot["images"] if image["figure"] and image["loaded"]]
     assert expected >= 1, f"{page}.ipynb has no figure"
     assert len(figures) == expected, f"{page}.html shows {len(figures)} figures, its notebook has {expected}"
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
 def test_chapter_opens_its_notebook_in_colab(visits: Callable[[str], Visit], page: str) -> None:
+    """A translated chapter opens the same (English) notebook as the English one."""
     links = set(visits(page).snapshot["colab"])
-    assert links == {f"{COLAB}{page}.ipynb"}, f"{page}.html links to Colab as {sorted(links)}"
-    assert (ROOT / f"{page}.ipynb").exists()
+    assert links == {f"{COLAB}{source_of(page)}.ipynb"}, f"{page}.html links to Colab as {sorted(links)}"
+    assert (ROOT / f"{source_of(page)}.ipynb").exists()
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
 def test_chapter_downloads_its_notebook(visits: Callable[[str], Visit], page: str) -> None:
     links = visits(page).snapshot["download"]
     assert len(links) == 1, f"{page}.html has {len(links)} download buttons for its source"
-    assert urlsplit(links[0]).path.endswith(f"/_sources/{page}.ipynb"), links[0]
+    assert urlsplit(links[0]).path.endswith(f"/_sources/{source_of(page)}.ipynb"), links[0]
     with urlopen(links[0], timeout=10) as response:  # noqa: S310 (our own server on 127.0.0.1)
         downloaded = response.read()
-    assert downloaded == (ROOT / f"{page}.ipynb").read_bytes(), f"the download of {page}.html is not its notebook"
+    source = (ROOT / f"{source_of(page)}.ipynb").read_bytes()
+    assert downloaded == source, f"the download of {page}.html is not its notebook"
 
 
 def test_landing_page(visits: Callable[[str], Visit], site: str) -> None:
@@ -378,7 +393,7 @@ def _parse(path: Path) -> _Anchors:
     return parser
 
 
-@pytest.mark.parametrize("page", ALL_PAGES)
+@pytest.mark.parametrize("page", ALL_PAGES + EDITION_CHAPTERS)
 def test_internal_links_resolve(html: Path, page: str) -> None:
     """Every link, image and script of the page that stays in the book names a file that exists,
     and its #fragment an id in that file."""
@@ -412,13 +427,14 @@ def layouts(browser: Browser, site: str) -> Callable[[str, str], Visit]:
     @functools.cache
     def load(page: str, width: str) -> Visit:
         viewport = VIEWPORT if width == "laptop" else PHONE
-        shot = f"{width}_{page.replace('/', '_')}.png" if page in CHAPTERS[:3] else None
+        shown = page in CHAPTERS[:3] or page in EDITION_CHAPTERS
+        shot = f"{width}_{page.replace('/', '_')}.png" if shown else None
         return visit(browser, f"{site}{page}.html", before=_layout, viewport=viewport, screenshot=shot)
 
     return load
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
 def test_code_blocks_fit_the_column(layouts: Callable[[str, str], Visit], page: str) -> None:
     layout = layouts(page, "laptop").extra
     allowed = int(MAX_SCROLLING_SHARE * layout["blocks"])
@@ -428,23 +444,23 @@ def test_code_blocks_fit_the_column(layouts: Callable[[str, str], Visit], page: 
     )
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
 def test_display_equations_fit_the_column(layouts: Callable[[str, str], Visit], page: str) -> None:
     overflowing = layouts(page, "laptop").extra["overflowing"]
     assert not overflowing, f"{page}.html: display equations wider than the column: {overflowing}"
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
 def test_page_does_not_scroll_sideways_on_a_phone(layouts: Callable[[str, str], Visit], page: str) -> None:
     assert not layouts(page, "phone").extra["page_scrolls"], f"{page}.html scrolls sideways at 390 px"
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
 def test_title_comes_before_any_cell(layouts: Callable[[str, str], Visit], page: str) -> None:
     assert layouts(page, "laptop").extra["title_first"], f"{page}.html shows a code cell above its title"
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
 def test_figures_have_alt_text_and_are_not_shrunk(layouts: Callable[[str, str], Visit], page: str) -> None:
     images = layouts(page, "laptop").extra["images"]
     noisy = [image["src"] for image in images if not image["alt"] or any(n in image["alt"] for n in NOISE_ALT)]
@@ -491,7 +507,7 @@ def _from_theme(rule: str, node: dict[str, str]) -> bool:
     return any(rule == known and fragment in where for known, fragment in THEME_VIOLATIONS)
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
 def test_accessibility(browser: Browser, site: str, page: str) -> None:
     if not AXE.exists():
         pytest.fail(f"{AXE.relative_to(ROOT)} is missing: run `make mathjax` (npm ci)", pytrace=False)
@@ -503,3 +519,89 @@ def test_accessibility(browser: Browser, site: str, page: str) -> None:
         if not _from_theme(v["id"], node)
     ]
     assert not ours, f"{page}.html has accessibility violations (WCAG 2.1 A/AA):\n" + "\n".join(ours[:15])
+
+
+# --- The Korean and Chinese editions ---------------------------------------------------------
+
+HANGUL_OR_HAN = "[\\u1100-\\u11ff\\u3130-\\u318f\\uac00-\\ud7af\\u4e00-\\u9fff]"
+# The fonts Chromium drew an element's text with (DevTools' CSS.getPlatformFontsForNode).
+_FONT_TARGETS = ("article h1", "article section p")
+
+
+def _fonts(page: Any) -> dict[str, list[dict[str, Any]]]:
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": 0})["root"]["nodeId"]
+    found = {}
+    for selector in _FONT_TARGETS:
+        node = cdp.send("DOM.querySelector", {"nodeId": root, "selector": selector})["nodeId"]
+        text = page.locator(selector).first.inner_text()
+        fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+        found[selector] = [{"family": f["familyName"], "glyphs": f["glyphCount"], "text": text[:40]} for f in fonts]
+    return found
+
+
+@pytest.mark.parametrize("page", EDITION_CHAPTERS)
+def test_edition_text_renders_in_a_cjk_font(browser: Browser, site: str, page: str) -> None:
+    """The title and a paragraph are drawn with the edition's CJK font, not as empty boxes.
+
+    A glyph no installed font has is drawn from a fallback as an empty box; the fonts Chromium
+    reports for the text must include the Noto CJK face of the edition's language (the Korean
+    or the simplified-Chinese one, which the stylesheet asks for by language)."""
+    fonts = visit(browser, f"{site}{page}.html", before=_fonts).extra
+    want = CJK_FONT[page.split("/")[0]]
+    for selector, used in fonts.items():
+        families = {f["family"]: f["glyphs"] for f in used}
+        assert families.get(want, 0) > 0, (
+            f"{page}.html: {selector} ({used[0]['text'] if used else ''!r}) is drawn with {families}, not {want}"
+        )
+
+
+@pytest.mark.parametrize("page", EDITION_CHAPTERS)
+def test_edition_page_is_translated_and_links_the_other_editions(
+    layouts: Callable[[str, str], Visit], browser: Browser, site: str, page: str
+) -> None:
+    """Its title and figure descriptions are in its language, and it links the same page in
+    English and in the other translation."""
+
+    def read(tab: Any) -> dict[str, Any]:
+        return tab.evaluate(
+            """() => ({
+                title: document.querySelector("article h1").innerText,
+                lang: document.documentElement.lang,
+                editions: [...document.querySelectorAll("nav.vitlab-editions a")].map((a) => a.href),
+            })"""
+        )
+
+    seen = visit(browser, f"{site}{page}.html", before=read).extra
+    edition, chapter = page.split("/", 1)
+    assert re.search(HANGUL_OR_HAN, seen["title"]), f"{page}.html's title is not translated: {seen['title']!r}"
+    assert seen["lang"] == {"ko": "ko", "zh": "zh-CN"}[edition]
+    other = "zh" if edition == "ko" else "ko"
+    assert sorted(seen["editions"]) == sorted([f"{site}{chapter}.html", f"{site}{other}/{chapter}.html"])
+    alts = [image["alt"] for image in layouts(page, "laptop").extra["images"]]
+    assert alts and all(re.search(HANGUL_OR_HAN, alt) for alt in alts), f"{page}.html: untranslated alt texts {alts}"
+
+
+@pytest.mark.parametrize(("edition", "term"), [("ko", "어텐션"), ("zh", "注意力")])
+def test_edition_search_finds_a_term_in_its_language(
+    browser: Browser, site: str, html: Path, edition: str, term: str
+) -> None:
+    """Each edition has its own search index: a Korean (Chinese) word finds its pages there."""
+    results = "#search-results ul.search li"
+
+    def listed(tab: Any) -> list[str]:
+        tab.wait_for_selector(results, timeout=20_000)
+        return tab.locator(results).evaluate_all(
+            "(items) => items.map((li) => li.querySelector('a').getAttribute('href'))"
+        )
+
+    loaded = visit(browser, f"{site}{edition}/search.html?q={term}", screenshot=f"search_{edition}.png", before=listed)
+    assert not loaded.errors and not loaded.failed and not loaded.external, loaded
+    hrefs = loaded.extra
+    assert len(hrefs) >= 3, f"searching the {edition} edition for {term!r} listed {hrefs}"
+    for href in hrefs:
+        assert (html / edition / urlsplit(href).path).is_file(), (
+            f"search result {href} is not a page of the {edition} edition"
+        )

@@ -15,8 +15,11 @@ attention maps, their learned biases. This script
    still says that it needs a GPU where CUDA is missing); then it drops the
    ``remove-output`` tag of those cells, which hides their offline output in ``make book``,
    so that the book shows what they printed;
-3. builds the staged book with ``jupyter-book build -W -n --keep-going`` into
-   ``<out>/_build/html``, the folder the publishing workflow uploads.
+3. builds the staged book's three editions (English, Korean, Chinese) with
+   ``book/_scripts/editions.py``, each with ``jupyter-book build -W -n --keep-going``, into
+   ``<out>/_build/html`` (English) and its ``ko/`` and ``zh/`` folders: the folder the
+   publishing workflow uploads. Outputs are not translated, so the editions show the same
+   online outputs.
 
 The downloads are cached by ``huggingface_hub`` in ``HF_HOME`` (the workflow keeps that
 folder between runs). Usage::
@@ -33,10 +36,12 @@ import argparse
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import editions  # noqa: E402 (a sibling script, found through the line above)
 
 ROOT = Path(__file__).resolve().parents[2]
 MAGIC = "%%needs_internet"
@@ -107,14 +112,6 @@ def run_online(notebook: Path) -> float:
     return time.monotonic() - start
 
 
-def jupyter_book() -> str:
-    beside = Path(sys.executable).with_name("jupyter-book")
-    found = str(beside) if beside.exists() else shutil.which("jupyter-book")
-    if found is None:
-        raise OnlineBuildError("jupyter-book is not installed (pip install -r requirements.txt)")
-    return found
-
-
 def build(root: Path, out: Path, staging: Path) -> Path:
     """Stage ``root``, run its internet notebooks online, build into ``out``; the html folder."""
     stage(root, staging)
@@ -122,14 +119,14 @@ def build(root: Path, out: Path, staging: Path) -> Path:
     for notebook in notebooks:
         print(f"book-online: running {notebook.name} with the internet required", flush=True)
         print(f"book-online: {notebook.name} ran in {run_online(notebook):.0f} s", flush=True)
-    command = [jupyter_book(), "build", str(staging), "-W", "-n", "--keep-going", "--path-output", str(out)]
-    if subprocess.run(command).returncode != 0:
-        raise OnlineBuildError("jupyter-book build failed (its log above names the warnings)")
-    return out / "_build" / "html"
+    try:
+        return editions.build_all(staging, out)
+    except editions.BuildError as error:
+        raise OnlineBuildError(str(error)) from error
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="the book's sources (default: this repository)")
     parser.add_argument("--out", type=Path, default=None, help="where _build/html goes (default: --root)")
     parser.add_argument("--staging", type=Path, default=None, help="scratch copy (default: <out>/_build/online-src)")
