@@ -83,3 +83,11 @@ def test_editions_search_their_own_language(html: Path, folder: str) -> None:
 
 def _as_list(value: int | list[int]) -> list[int]:
     return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.parametrize(("folder", "script"), [("ko/", "[\uac00-\ud7af]"), ("zh/", "[\u4e00-\u9fff]")])
+def test_edition_sidebar_is_translated(html: Path, folder: str, script: str) -> None:
+    """The table of contents' part captions and chapter titles are in the edition's language."""
+    text = (html / folder / f"{toc_files()[3]}.html").read_text(encoding="utf-8")
+    captions = re.findall(r'class="caption-text">([^<]+)<', text)
+    assert captions and all(re.search(script, c) for c in captions), f"{folder}: captions {captions}"

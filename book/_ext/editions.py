@@ -18,7 +18,8 @@ It then does three things.
    notebook outputs into images, and hidden cells into toggles, only after Sphinx's own
    translation step has run: the images' alt text and the toggles' prompts ("Show the
    solution") would stay English. The gettext builder gets them as extra messages, and a
-   translated build looks them up in the page's catalogue.
+   translated build looks them up in the page's catalogue. The same lookup translates the
+   table of contents' part captions, which sphinx-external-toc adds after that step too.
 3. Nothing, when ``vitlab_editions`` is empty (``make book``).
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from docutils import nodes
 from myst_nb.sphinx_ import HideCodeCellNode
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.builders.gettext import MessageCatalogBuilder, MsgOrigin
 from sphinx.locale import init as init_locale
@@ -67,6 +69,11 @@ def translate_late_messages(app: Sphinx, doctree: nodes.document, docname: str) 
         for _node, _attribute, text in messages:
             app.builder.catalogs[domain].add(text, MsgOrigin(source, 0))
         return
+    _apply(app, domain, messages)
+
+
+def _apply(app: Sphinx, domain: str, messages: list[tuple[nodes.Element, str, str]]) -> None:
+    """Set each (node, attribute) to the translation of its text in the page's catalogue."""
     if not app.config.language or app.config.language == "en":
         return
     directories = [str(Path(app.srcdir, d)) for d in app.config.locale_dirs]
@@ -77,6 +84,20 @@ def translate_late_messages(app: Sphinx, doctree: nodes.document, docname: str) 
         translated = catalogue.gettext(text)
         if translated:
             node[attribute] = translated
+
+
+def translate_toc_captions(app: Sphinx, doctree: nodes.document) -> None:
+    """The part captions of _toc.yml ("Foundations", "Variants") in the sidebar.
+
+    sphinx-external-toc inserts the root page's toctrees when the page has been read, after
+    Sphinx's translation step, so the captions (which the gettext builder does extract) would
+    stay English."""
+    messages: list[tuple[nodes.Element, str, str]] = []
+    for toctree in doctree.findall(addnodes.toctree):
+        if toctree.get("caption"):
+            messages += [(toctree, "caption", toctree["caption"]), (toctree, "rawcaption", toctree["caption"])]
+    if messages:
+        _apply(app, docname_to_domain(app.env.docname, app.config.gettext_compact), messages)
 
 
 def _site_root(pagename: str, folder: str) -> str:
@@ -112,5 +133,7 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("vitlab_edition", "en", "html")
     app.add_config_value("vitlab_editions", [], "html")
     app.connect("doctree-resolved", translate_late_messages)
+    # after sphinx-external-toc's own doctree-read handler (priority 500) has inserted them
+    app.connect("doctree-read", translate_toc_captions, priority=900)
     app.connect("html-page-context", edition_links)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

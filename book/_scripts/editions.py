@@ -75,7 +75,7 @@ def write_config(source: Path, edition: Edition | None, *, extract: bool = False
     settings = sphinx.setdefault("config", {})
     settings.update(locale_dirs=["book/locales"], gettext_compact=False)
     if extract:
-        settings.update(gettext_location=False, gettext_uuid=False, vitlab_editions=[])
+        settings.update(gettext_location=False, gettext_uuid=False, vitlab_editions=[], project=config["title"])
         # myst-nb's gettext priority list has only text outputs; with images first, their alt
         # texts reach the catalogues.
         settings["nb_mime_priority_overrides"] = [

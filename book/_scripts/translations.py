@@ -86,9 +86,9 @@ def span_problems(msgid: str, msgstr: str) -> list[str]:
         if a != b:
             missing, extra = sorted((a - b).elements()), sorted((b - a).elements())
             problems.append(f"{kind}: missing {missing}, extra {extra}")
-    for mark in ("**",):
-        if msgstr.count(mark) % 2:
-            problems.append(f"unbalanced {mark}")
+    prose = _INLINE_MATH.sub(" ", _DISPLAY_MATH.sub(" ", _CODE.sub(" ", _ROLE.sub(" ", msgstr))))
+    if prose.count("**") % 2:  # bold marks, not Python's power operator inside code
+        problems.append("unbalanced **")
     return problems
 
 
@@ -127,13 +127,18 @@ def extract(languages: tuple[str, ...] = LANGUAGES) -> None:
     for language in languages:
         command += ["-l", language]
     subprocess.run(command, check=True)
-    # Messages that are only code, math or numbers are "translated" as themselves.
+    # Messages that are only code, math or numbers are "translated" as themselves. Messages
+    # the book no longer has (kept by sphinx-intl as obsolete) are dropped: their
+    # translations have already served as the fuzzy suggestions for the changed ones.
     for language in languages:
         for path in catalogues(language):
             po = polib.pofile(str(path), wrapwidth=0)
             changed = False
-            for entry in po:
-                if not entry.msgstr and not entry.obsolete and needs_no_translation(entry.msgid):
+            for entry in list(po):
+                if entry.obsolete:
+                    po.remove(entry)
+                    changed = True
+                elif not entry.msgstr and needs_no_translation(entry.msgid):
                     entry.msgstr = entry.msgid
                     changed = True
             if changed:
