@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+EXTENSIONS = Path(__file__).resolve().parents[1] / "_ext"  # book/_ext, where editions.py lives
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def write_config(source: Path, edition: Edition | None, *, extract: bool = False
     sphinx = config.setdefault("sphinx", {})
     # jupyter-book resolves local extensions against the configuration file's folder.
     extensions = {name: str((source / path).resolve()) for name, path in sphinx.get("local_extensions", {}).items()}
-    extensions["editions"] = str((source / "book" / "_ext").resolve())
+    extensions["editions"] = str(EXTENSIONS)  # this checkout's, whatever book is built
     sphinx["local_extensions"] = extensions
     settings = sphinx.setdefault("config", {})
     settings.update(locale_dirs=["book/locales"], gettext_compact=False)
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as error:
         print(f"book-all: {error}", file=sys.stderr)
         return 1
-    print(f"book-all: built {html} (English), {html}/ko (한국어), {html}/zh (中文)")
+    built = [e for e in EDITIONS if not args.only or e.code in args.only]
+    print("book-all: built " + ", ".join(f"{html / e.folder} ({e.label})" for e in built))
     return 0
 
 
