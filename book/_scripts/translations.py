@@ -124,6 +124,7 @@ def extract(languages: tuple[str, ...] = LANGUAGES) -> None:
     templates = extract_templates(ROOT / "_build" / "gettext-src")
     intl = Path(sys.executable).with_name("sphinx-intl")
     command = [str(intl if intl.exists() else "sphinx-intl"), "update", "-p", str(templates), "-d", str(LOCALES)]
+    command += ["--line-width", "0"]  # one line per message: diffs show the message that changed
     for language in languages:
         command += ["-l", language]
     subprocess.run(command, check=True)
