@@ -11,6 +11,7 @@ The slow test extracts the book's messages afresh, so a chapter edited without
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -152,3 +153,21 @@ def _templates(factory: pytest.TempPathFactory) -> Path:
     if "path" not in _TEMPLATES:
         _TEMPLATES["path"] = translations.extract_templates(factory.mktemp("gettext"))
     return _TEMPLATES["path"]
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_every_declared_figure_text_is_translated(language: str) -> None:
+    """Each notebook cell's caption and alt text (``mystnb`` metadata) has a translation, the
+    internet cells' included: offline their figures are hidden, but the published book
+    (``make book-online``) shows them in every edition."""
+    missing = []
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        path = translations.LOCALES / language / "LC_MESSAGES" / "notebooks" / f"{notebook.stem}.po"
+        done = {e.msgid for e in polib.pofile(str(path)) if e.msgstr and "fuzzy" not in e.flags}
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            settings = cell.get("metadata", {}).get("mystnb", {})
+            texts = [settings.get("image", {}).get("alt"), settings.get("figure", {}).get("caption")]
+            for text in filter(None, texts):
+                if text.replace("\n", " ").strip() not in done:
+                    missing.append(f"{notebook.name}: {text[:70]!r}")
+    assert not missing, "\n".join(missing)

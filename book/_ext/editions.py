@@ -25,6 +25,7 @@ It then does three things.
 
 from __future__ import annotations
 
+import json
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -59,15 +60,38 @@ def _late_messages(doctree: nodes.document) -> list[tuple[nodes.Element, str, st
     return found
 
 
+def _notebook_figure_texts(source: Path) -> list[str]:
+    """Every figure caption and alt text a notebook's cells declare (``mystnb`` metadata).
+
+    A cell whose stored output is hidden offline (a ``%%needs_internet`` cell) has no image
+    in the offline build, but ``make book-online`` shows one: its caption and alt text must
+    be in the catalogues all the same."""
+    if source.suffix != ".ipynb":
+        return []
+    texts = []
+    for cell in json.loads(source.read_text(encoding="utf-8")).get("cells", []):
+        settings = cell.get("metadata", {}).get("mystnb", {})
+        if not isinstance(settings, dict):
+            continue
+        alt = settings.get("image", {}).get("alt")
+        caption = settings.get("figure", {}).get("caption")
+        if alt:
+            texts.append(alt)
+        if caption:
+            texts.append(caption.replace("\n", " ").strip())  # as Sphinx extracts a paragraph
+    return texts
+
+
 def translate_late_messages(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     messages = _late_messages(doctree)
     if not messages:
         return
     domain = docname_to_domain(docname, app.config.gettext_compact)
     if isinstance(app.builder, MessageCatalogBuilder):
-        source = str(Path(app.env.doc2path(docname)))
-        for _node, _attribute, text in messages:
-            app.builder.catalogs[domain].add(text, MsgOrigin(source, 0))
+        source = Path(app.env.doc2path(docname))
+        texts = [text for _node, _attribute, text in messages] + _notebook_figure_texts(source)
+        for text in texts:
+            app.builder.catalogs[domain].add(text, MsgOrigin(str(source), 0))
         return
     _apply(app, domain, messages)
 
