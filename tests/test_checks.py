@@ -434,6 +434,8 @@ WRONG = [
 ]  # fmt: skip
 
 NAMES = sorted(SOLUTIONS)
+# Every check the package exports, whichever file tests its answers.
+EXPORTED = sorted(n for n in checks.__all__ if n != "CheckResult")
 
 
 # ---------------------------------------------------------------- every check
@@ -463,7 +465,15 @@ def test_known_wrong_answer_fails_with_its_message(
     assert_named_mistake(capsys, name, fn, words, pitfall)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", EXPORTED)
+def test_check_is_exported_and_documented(name: str) -> None:
+    """Every check (this file's and those of tests/test_checks_<chapter>.py): in ``__all__``,
+    with its shapes in its docstring and its call in the package's list of checks."""
+    assert name in checks.__all__ and "Shape:" in (getattr(checks, name).__doc__ or "")
+    assert f"``{name}(fn)``" in (checks.__doc__ or "")
+
+
+@pytest.mark.parametrize("name", EXPORTED)
 def test_stub_is_not_implemented_yet(capsys: pytest.CaptureFixture[str], name: str) -> None:
     def stub(*args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError

@@ -208,14 +208,6 @@ def test_fusion_macs_random_answer_fails_unnamed(capsys: pytest.CaptureFixture[s
     assert not result and result.pitfall is None and "known mistake" not in line
 
 
-def test_fusion_macs_stub_is_todo(capsys: pytest.CaptureFixture[str]) -> None:
-    def stub(n_s: int, n_l: int, c_s: int, c_l: int) -> int:
-        raise NotImplementedError
-
-    result, line = run(capsys, MACS, stub)
-    assert result.status == "not implemented" and line.startswith("TODO")
-
-
 @pytest.mark.parametrize("name", ["crossvit_tiny_240", "crossvit_small_240", "crossvit_18_240"])
 def test_fusion_macs_is_what_the_counter_measures(name: str) -> None:
     """The reference equals torch's FLOP counter (halved) on vitlab's fusion: f, attention, g."""
