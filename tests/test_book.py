@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import toc_files
+from conftest import ROOT, toc_files
+
+sys.path.insert(0, str(ROOT / "book" / "_scripts"))
+import editions  # noqa: E402 (book/_scripts is not a package): what book-all builds
 
 pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
 # Slow (a strict book build, then a browser): not in `make test-fast`. Under pytest-xdist both
@@ -45,7 +49,7 @@ def test_math_is_served_by_the_book(html: Path) -> None:
 
 
 # --- the Korean and Chinese editions (book/_scripts/editions.py), built beside the English ---
-EDITIONS = {"": "en", "ko/": "ko", "zh/": "zh-CN"}  # folder -> <html lang>
+EDITIONS = {f"{e.folder}/" if e.folder else "": e.html_lang for e in editions.EDITIONS}  # folder -> <html lang>
 _LANG = re.compile(r"<html[^>]*\blang=\"([^\"]+)\"")
 _NAV = re.compile(r'<nav class="vitlab-editions"[^>]*>(.*?)</nav>', re.S)
 _HREF = re.compile(r'href="([^"]+)"')

@@ -11,7 +11,6 @@ The slow test extracts the book's messages afresh, so a chapter edited without
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -22,7 +21,9 @@ import pytest
 from conftest import ROOT, toc_files
 
 sys.path.insert(0, str(ROOT / "book" / "_scripts"))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
 import translations  # noqa: E402 (book/_scripts is not a package)
+from translated_editions import notebook_figure_texts  # noqa: E402 (nor is book/_ext)
 
 LANGUAGES = translations.LANGUAGES
 
@@ -164,10 +165,6 @@ def test_every_declared_figure_text_is_translated(language: str) -> None:
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         path = translations.LOCALES / language / "LC_MESSAGES" / "notebooks" / f"{notebook.stem}.po"
         done = {e.msgid for e in polib.pofile(str(path)) if e.msgstr and "fuzzy" not in e.flags}
-        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
-            settings = cell.get("metadata", {}).get("mystnb", {})
-            texts = [settings.get("image", {}).get("alt"), settings.get("figure", {}).get("caption")]
-            for text in filter(None, texts):
-                if text.replace("\n", " ").strip() not in done:
-                    missing.append(f"{notebook.name}: {text[:70]!r}")
+        # the texts the gettext build extracts from the notebook (book/_ext/translated_editions.py)
+        missing += [f"{notebook.name}: {t[:70]!r}" for t in notebook_figure_texts(notebook) if t not in done]
     assert not missing, "\n".join(missing)

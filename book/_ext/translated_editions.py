@@ -60,7 +60,7 @@ def _late_messages(doctree: nodes.document) -> list[tuple[nodes.Element, str, st
     return found
 
 
-def _notebook_figure_texts(source: Path) -> list[str]:
+def notebook_figure_texts(source: Path) -> list[str]:
     """Every figure caption and alt text a notebook's cells declare (``mystnb`` metadata).
 
     A cell whose stored output is hidden offline (a ``%%needs_internet`` cell) has no image
@@ -89,7 +89,7 @@ def translate_late_messages(app: Sphinx, doctree: nodes.document, docname: str) 
     domain = docname_to_domain(docname, app.config.gettext_compact)
     if isinstance(app.builder, MessageCatalogBuilder):
         source = Path(app.env.doc2path(docname))
-        texts = [text for _node, _attribute, text in messages] + _notebook_figure_texts(source)
+        texts = [text for _node, _attribute, text in messages] + notebook_figure_texts(source)
         for text in texts:
             app.builder.catalogs[domain].add(text, MsgOrigin(str(source), 0))
         return

@@ -8,7 +8,7 @@ generated copy of ``_config.yml`` that adds:
 
 * ``language`` (``ko`` or ``zh_CN``), ``locale_dirs: [book/locales]`` and
   ``gettext_compact: false`` (one catalogue per page, as ``make translations`` writes them);
-* the ``editions`` extension (``book/_ext/editions.py``): the links between editions, and
+* the ``translated_editions`` extension (``book/_ext/translated_editions.py``): the links between editions, and
   the alt texts and hidden-cell prompts that myst-nb creates after Sphinx's translation step.
 
 The generated configurations go to ``_build/editions/``; the English edition is written to
@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTENSIONS = Path(__file__).resolve().parents[1] / "_ext"  # book/_ext, where editions.py lives
+EXTENSIONS = Path(__file__).resolve().parents[1] / "_ext"  # book/_ext, where translated_editions.py lives
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def write_config(source: Path, edition: Edition | None, *, extract: bool = False
     sphinx = config.setdefault("sphinx", {})
     # jupyter-book resolves local extensions against the configuration file's folder.
     extensions = {name: str((source / path).resolve()) for name, path in sphinx.get("local_extensions", {}).items()}
-    extensions["editions"] = str(EXTENSIONS)  # this checkout's, whatever book is built
+    extensions["translated_editions"] = str(EXTENSIONS)  # this checkout's, whatever book is built
     sphinx["local_extensions"] = extensions
     settings = sphinx.setdefault("config", {})
     settings.update(locale_dirs=["book/locales"], gettext_compact=False)

@@ -58,6 +58,7 @@ class Spans:
     code: Counter[str]
     math: Counter[str]
     links: Counter[str]
+    prose: str  # the message without its roles, code and math (bold marks, English words)
 
 
 def spans(text: str) -> Spans:
@@ -74,7 +75,7 @@ def spans(text: str) -> Spans:
     rest = _DISPLAY_MATH.sub(" ", rest)
     math.update(m.group(0) for m in _INLINE_MATH.finditer(rest))
     links = Counter(_LINK.findall(rest)) + Counter(_AUTOLINK.findall(rest))
-    return Spans(roles, code, math, links)
+    return Spans(roles, code, math, links, _INLINE_MATH.sub(" ", rest))
 
 
 def span_problems(msgid: str, msgstr: str) -> list[str]:
@@ -86,19 +87,14 @@ def span_problems(msgid: str, msgstr: str) -> list[str]:
         if a != b:
             missing, extra = sorted((a - b).elements()), sorted((b - a).elements())
             problems.append(f"{kind}: missing {missing}, extra {extra}")
-    prose = _INLINE_MATH.sub(" ", _DISPLAY_MATH.sub(" ", _CODE.sub(" ", _ROLE.sub(" ", msgstr))))
-    if prose.count("**") % 2:  # bold marks, not Python's power operator inside code
+    if got.prose.count("**") % 2:  # bold marks, not Python's power operator inside code
         problems.append("unbalanced **")
     return problems
 
 
 def needs_no_translation(msgid: str) -> bool:
     """True for messages with no English words outside code, math and role targets."""
-    rest = _ROLE.sub(" ", msgid)
-    rest = _CODE.sub(" ", rest)
-    rest = _DISPLAY_MATH.sub(" ", rest)
-    rest = _INLINE_MATH.sub(" ", rest)
-    rest = re.sub(r"https?://\S+", " ", rest)
+    rest = re.sub(r"https?://\S+", " ", spans(msgid).prose)
     return not re.search(r"[A-Za-z]{2,}", rest)
 
 
