@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 import vitlab
 from conftest import assert_same_logits, load_reference, perturb_, random_images, require_reference
+from vitlab.attention_maps import attention_layers, attention_maps
 from vitlab.contract import MIXED_KINDS, VisionModel
 from vitlab.family import FAMILIES, TINY_IMAGE_SIZE, attention_token_counts, family_of, tiny_model
-from vitlab.layers import attention_layers, record_attention_maps
 from vitlab.models import cait, levit
 from vitlab.rollout import model_rollout
 
@@ -228,7 +228,7 @@ def rows_are_distributions(attn: Tensor) -> bool:
 def test_attention_maps_are_labelled_in_forward_order(family: str) -> None:
     model = tiny(family).eval()
     x = images()
-    records = record_attention_maps(model, x)
+    records = attention_maps(model, x)
     maps = model.get_attention_maps(x)
     assert len(records) == len(maps)
     for record, attn in zip(records, maps):
@@ -290,7 +290,7 @@ def test_attention_maps_and_rollout_leave_the_model_as_they_found_it(family: str
     before = snapshot(model)
     x = images()
     model.get_attention_maps(x)
-    record_attention_maps(model, x)
+    attention_maps(model, x)
     model_rollout(model, x)
     assert {name: m.training for name, m in model.named_modules()} == modes
     after = snapshot(model)

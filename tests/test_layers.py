@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from vitlab.attention_maps import attention_maps
 from vitlab.layers import (
     Attention,
     Block,
@@ -21,7 +22,6 @@ from vitlab.layers import (
     explicit_attention,
     fused_attention,
     patchify,
-    record_attention_maps,
     sincos_1d_position_embedding,
     sincos_2d_position_embedding,
     unpatchify,
@@ -173,11 +173,11 @@ def test_classifier_head_and_num_classes_check() -> None:
         check_num_classes(True)  # type: ignore[arg-type]
 
 
-def test_record_attention_maps_collects_each_layer_once_on_the_explicit_path() -> None:
+def test_attention_maps_collects_each_layer_once_on_the_explicit_path() -> None:
     torch.manual_seed(0)
     blocks = torch.nn.Sequential(Block(16, num_heads=2, attn_drop=0.5), Block(16, num_heads=4)).train()
     x = torch.randn(2, 5, 16)
-    records = record_attention_maps(blocks, x)
+    records = attention_maps(blocks, x)
     assert [(r.path, r.kind, r.is_distribution, r.unmixed) for r in records] == [
         ("0.attn", "self", True, None),
         ("1.attn", "self", True, None),
@@ -191,9 +191,9 @@ def test_record_attention_maps_collects_each_layer_once_on_the_explicit_path() -
     assert all(r.attn.grad_fn is None for r in records)
 
 
-def test_record_attention_maps_needs_an_attention_layer_and_kinds_are_checked() -> None:
+def test_attention_maps_needs_an_attention_layer_and_kinds_are_checked() -> None:
     with pytest.raises(ValueError, match=r"Linear has no attention layer \(no module with an attn_kind\)"):
-        record_attention_maps(torch.nn.Linear(2, 2), torch.randn(1, 2))
+        attention_maps(torch.nn.Linear(2, 2), torch.randn(1, 2))
     assert ClassAttention(8, num_heads=2).attn_kind == "class"
     assert ClassAttention(8, num_heads=2, kind="cross").attn_kind == "cross"
     with pytest.raises(ValueError, match=r"kind must be 'class' or 'cross', got 'self'"):

@@ -11,9 +11,10 @@ import torch
 
 import vitlab
 from vitlab import rollout
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionMap
 from vitlab.family import FAMILIES, TINY_CONFIGS, TINY_IMAGE_SIZE, tiny_model
-from vitlab.layers import collect_attention_maps, record_attention_maps
+from vitlab.layers import collect_attention_maps
 from vitlab.rollout import (
     attention_rollout,
     cls_rollout_map,
@@ -118,7 +119,7 @@ def test_rollout_reads_the_softmax_maps_before_the_mixing() -> None:
 def test_mixed_families_roll_out_their_unmixed_softmax_maps(family: str) -> None:
     model = tiny_model(family, in_chans=3).eval()
     images = torch.randn(2, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
-    records = record_attention_maps(model, images)
+    records = attention_maps(model, images)
     assert any(not r.is_distribution for r in records)
     with pytest.raises(ValueError, match="is not a distribution"):  # the maps as the model applies them
         attention_rollout([r.attn for r in records if r.kind != "class"])
@@ -212,7 +213,7 @@ def test_cait_class_attention_composed_by_hand(monkeypatch: pytest.MonkeyPatch) 
         AttentionMap(ca1, "blocks_token_only.0.attn", "class", True),
         AttentionMap(ca2, "blocks_token_only.1.attn", "class", True),
     ]
-    monkeypatch.setattr(rollout, "record_attention_maps", lambda model, x: records)
+    monkeypatch.setattr(rollout, "attention_maps", lambda model, x: records)
     relevance = rollout_relevance(model, torch.zeros(1, 3, TINY_IMAGE_SIZE, TINY_IMAGE_SIZE))
     torch.testing.assert_close(relevance.row, torch.tensor([[0.375, 0.375, 0.125, 0.125, 0.0]]))
     torch.testing.assert_close(relevance.grid(), torch.tensor([[[0.375, 0.125], [0.125, 0.0]]]))

@@ -18,7 +18,8 @@ it): :mod:`vitlab.registry` looks up names, configs and model files;
 and writes local weight files and imports no other ``vitlab`` module.
 """
 
-from vitlab.contract import VisionModel
+from vitlab.attention_maps import attention_maps
+from vitlab.contract import AttentionMap, VisionModel
 from vitlab.factory import create_model
 from vitlab.registry import convert_state_dict, get_config, list_models, set_fused_attention
 from vitlab.utils import count_parameters, pick_device, seed_everything
@@ -27,6 +28,8 @@ from vitlab.weights import load_checkpoint, load_state_dict, save_state_dict
 __version__ = "0.1.0"
 
 __all__ = [
+    "attention_maps",
+    "AttentionMap",
     "convert_state_dict",
     "count_parameters",
     "create_model",

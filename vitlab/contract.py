@@ -35,7 +35,7 @@ MIXED_KINDS: frozenset[str] = frozenset({"re-attention", "mixed"})
 
 @dataclass(frozen=True)
 class AttentionMap:
-    """One attention layer's map, with what it is (:func:`vitlab.layers.record_attention_maps`).
+    """One attention layer's map, with what it is (:func:`vitlab.attention_maps`).
 
     * ``attn``: ``(B, h, N_q, N_k)``, the map the layer multiplies its values with.
     * ``path``: the layer's name in ``model.named_modules()``, e.g. ``"blocks.3.attn"``.
@@ -75,7 +75,7 @@ class VisionModel(Protocol):
       columns (keys) index. The maps are collected during one ``forward(x)`` on the
       explicit path (no module runs more often than there), in eval mode and without
       gradients; the model's modes, parameters and BatchNorm statistics are left as they
-      were. :func:`vitlab.layers.record_attention_maps` returns the same maps as
+      were. :func:`vitlab.attention_maps` returns the same maps as
       :class:`AttentionMap` records, labelled with their layer and kind.
 
     Shape: x (B, C, H, W).

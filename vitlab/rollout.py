@@ -38,8 +38,8 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionMap, RolloutRule, VisionModel
-from vitlab.layers.attention_maps import record_attention_maps
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -60,7 +60,7 @@ def check_distribution(attn: Tensor, name: str = "the map") -> None:
             f"{name} is not a distribution over the keys (row sums from {sums.min():.3g} to {sums.max():.3g}, "
             f"smallest weight {lowest:.3g}); rollout needs softmax maps, non-negative rows that sum to 1. "
             f"A layer that mixes its heads (CaiT's talking heads, DeepViT's re-attention) makes such maps: roll "
-            f"out its softmax maps before the mixing, AttentionMap.unmixed of vitlab.layers.record_attention_maps"
+            f"out its softmax maps before the mixing, AttentionMap.unmixed of vitlab.attention_maps"
         )
 
 
@@ -335,7 +335,7 @@ def rollout_relevance(
     family's rule (``FAMILY.rollout``, :class:`vitlab.contract.FamilyInfo`); see
     :func:`model_rollout`.
 
-    The maps come from one forward pass (:func:`vitlab.layers.record_attention_maps`):
+    The maps come from one forward pass (:func:`vitlab.attention_maps`):
     the model's modes, parameters and BatchNorm statistics are left as they were. Layers
     that mix their heads contribute their softmax maps before the mixing
     (:func:`rollout_maps`).
@@ -375,7 +375,7 @@ def rollout_relevance(
         raise ValueError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    records = rollout_maps(record_attention_maps(model, images))
+    records = rollout_maps(attention_maps(model, images))
     rule = _rule_of(model)
     options = _Options(head_fusion, discard_ratio, add_residual)
     if rule == "class_attention":

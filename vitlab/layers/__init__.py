@@ -1,7 +1,6 @@
 """Shared building blocks. Models compose these; a paper's own layer lives in its model file."""
 
 from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention, with_attn
-from vitlab.layers.attention_maps import attention_layers, record_attention_maps
 from vitlab.layers.block import Block, collect_attention_maps, drop_path_rates, encoder_blocks
 from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers.drop_path import DropPath, drop_path
@@ -33,7 +32,6 @@ __all__ = [
     "Mlp",
     "PatchEmbed",
     "UnfoldPatchEmbed",
-    "attention_layers",
     "check_heads",
     "check_image",
     "check_num_classes",
@@ -48,7 +46,6 @@ __all__ = [
     "fused_attention",
     "learned_position_embedding",
     "patchify",
-    "record_attention_maps",
     "sincos_1d_position_embedding",
     "sincos_2d_position_embedding",
     "to_2tuple",

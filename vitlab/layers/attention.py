@@ -104,13 +104,13 @@ class Attention(nn.Module):
         scale: logit scale; ``head_dim**-0.5`` unless a paper says otherwise.
         fused_attn: use ``F.scaled_dot_product_attention`` (``return_attn=True`` always takes
             the explicit path). Switch later with :func:`vitlab.set_fused_attention`.
-            ``return_attn=True`` is also how :func:`vitlab.layers.record_attention_maps`
+            ``return_attn=True`` is also how :func:`vitlab.attention_maps`
             collects the map during a model's forward pass.
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
     """
 
-    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.layers.record_attention_maps)
+    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
     def __init__(
         self,

@@ -133,7 +133,7 @@ def collect_attention_maps(x: Tensor, blocks: Iterable[nn.Module]) -> list[Tenso
     """Run tokens through ``blocks`` on the explicit path, keeping every attention map.
 
     The blocks run in the mode they are in (dropout in training mode). A whole model's maps,
-    in eval mode and labelled, come from :func:`vitlab.layers.record_attention_maps`.
+    in eval mode and labelled, come from :func:`vitlab.attention_maps`.
 
     Shape: x (B, N, C) -> depth x (B, h, N, N).
     """

@@ -18,7 +18,7 @@ class ClassAttention(nn.Module):
     """The first token queries ``[cls, patches]``; only the first token is returned.
 
     The softmax is the standard one, so both paths exist (``fused_attn``). ``kind`` labels
-    its map (:func:`vitlab.layers.record_attention_maps`): ``"class"`` when the query is
+    its map (:func:`vitlab.attention_maps`): ``"class"`` when the query is
     the model's own class token (CaiT), ``"cross"`` when it is another branch's class token
     over this branch's patches (CrossViT).
 

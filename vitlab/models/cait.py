@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Block,
@@ -43,7 +44,6 @@ from vitlab.layers import (
     check_patch_encoder_config,
     classifier_head,
     learned_position_embedding,
-    record_attention_maps,
     with_attn,
 )
 from vitlab.models._init import init_vit_weights
@@ -112,7 +112,7 @@ class TalkingHeadAttn(nn.Module):
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
     """
 
-    # Labels for vitlab.layers.record_attention_maps: the map mixes the heads, and the softmax
+    # Labels for vitlab.attention_maps: the map mixes the heads, and the softmax
     # maps before that mixing are the input of proj_w.
     attn_kind: ClassVar[AttentionKind] = "mixed"
     unmixed_input: ClassVar[str] = "proj_w"
@@ -328,7 +328,7 @@ class CaiT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """Every attention map, in forward order (explicit path), collected during one forward
-        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it was).
+        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it was).
 
         First the ``depth`` talking-heads self-attention maps over the patches alone, rows
         (queries) and columns (keys) both the N patches in row-major grid order (after
@@ -338,7 +338,7 @@ class CaiT(nn.Module):
 
         Shape: x (B, C, H, W) -> depth x (B, h, N, N) + depth_token_only x (B, h, 1, 1 + N).
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
     def get_class_attention_maps(self, x: Tensor) -> list[Tensor]:
         """The class-attention part of :meth:`get_attention_maps`: what the cls token attends
@@ -346,7 +346,7 @@ class CaiT(nn.Module):
 
         Shape: x (B, C, H, W) -> depth_token_only x (B, h, 1, 1 + N).
         """
-        return [record.attn for record in record_attention_maps(self, x) if record.kind == "class"]
+        return [record.attn for record in attention_maps(self, x) if record.kind == "class"]
 
 
 CONFIGS: dict[str, CaiTConfig] = {

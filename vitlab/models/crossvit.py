@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -41,7 +42,6 @@ from vitlab.layers import (
     classifier_head,
     drop_path_rates,
     learned_position_embedding,
-    record_attention_maps,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -324,7 +324,7 @@ class CrossViT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """Every attention map, in forward order (explicit path), collected during one forward
-        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it
+        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it
         was). For each of the K encoders: the S branch's self-attention maps (rows and
         columns ``[cls_S, S patches]``), the L branch's (``[cls_L, L patches]``), then the two
         cross-attention maps (kind ``"cross"``): S's projected cls token (one row) over
@@ -333,7 +333,7 @@ class CrossViT(nn.Module):
         Shape: x (B, C, H, W) -> K x [N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L),
         (B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
     def get_cross_attention_maps(self, x: Tensor) -> list[list[Tensor]]:
         """The cross-attention part of :meth:`get_attention_maps`, per encoder: S's cls over
@@ -341,7 +341,7 @@ class CrossViT(nn.Module):
 
         Shape: x (B, C, H, W) -> K x [(B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
         """
-        cross = [record.attn for record in record_attention_maps(self, x) if record.kind == "cross"]
+        cross = [record.attn for record in attention_maps(self, x) if record.kind == "cross"]
         return [cross[i : i + 2] for i in range(0, len(cross), 2)]
 
 

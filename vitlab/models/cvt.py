@@ -23,6 +23,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     DropPath,
@@ -35,7 +36,6 @@ from vitlab.layers import (
     drop_path_rates,
     explicit_attention,
     fused_attention,
-    record_attention_maps,
     with_attn,
 )
 from vitlab.models._init import init_vit_weights
@@ -173,7 +173,7 @@ class ConvAttention(nn.Module):
     attn (B, h, T + H*W, T + H'*W').
     """
 
-    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.layers.record_attention_maps)
+    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
     def __init__(
         self,
@@ -378,7 +378,7 @@ class CvT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """One map per block, stage after stage (explicit path), collected during one forward
-        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, BatchNorm statistics
+        pass (:func:`~vitlab.attention_maps`: eval mode, BatchNorm statistics
         read, not updated; the model left as it was). Rows (queries): the stage's tokens
         ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]`` the map squeezed by
         ``stride_kv`` (ceil(H/2) x ceil(W/2)).
@@ -386,7 +386,7 @@ class CvT(nn.Module):
         Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, T_i + H_i W_i, T_i + H'_i W'_i);
         CvT-13 at 224 px: (B, 1, 3136, 784), 2 x (B, 3, 784, 196), 10 x (B, 6, 197, 50).
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, CvTConfig] = {

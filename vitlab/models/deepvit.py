@@ -20,6 +20,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -30,7 +31,6 @@ from vitlab.layers import (
     classifier_head,
     drop_path_rates,
     learned_position_embedding,
-    record_attention_maps,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -137,7 +137,7 @@ class ReAttention(nn.Module):
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N), the re-attended map.
     """
 
-    # Labels for vitlab.layers.record_attention_maps: the map is a mix of the heads' softmax
+    # Labels for vitlab.attention_maps: the map is a mix of the heads' softmax
     # maps, and the softmax maps themselves are the input of reatten_matrix.
     attn_kind: ClassVar[AttentionKind] = "re-attention"
     unmixed_input: ClassVar[str] = "reatten_matrix"
@@ -258,7 +258,7 @@ class DeepViT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """The map each block multiplies the values with (re-attended in re-attention blocks),
-        collected during one forward pass (:func:`~vitlab.layers.record_attention_maps`:
+        collected during one forward pass (:func:`~vitlab.attention_maps`:
         eval mode, BatchNorm statistics read, not updated; the model left as it was).
         Rows (queries) and columns (keys) index ``[cls, patches]``. A re-attended map is a
         mix of the heads' softmax maps, normalised by BatchNorm: its rows need not sum to 1
@@ -266,7 +266,7 @@ class DeepViT(nn.Module):
 
         Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, DeepViTConfig] = {

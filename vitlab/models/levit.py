@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
-from vitlab.layers import DropPath, check_image, check_num_classes, record_attention_maps, with_attn
+from vitlab.layers import DropPath, check_image, check_num_classes, with_attn
 
 STEM_STRIDE = 16  # four stride-2 convs: 224 -> 112 -> 56 -> 28 -> 14
 
@@ -158,7 +159,7 @@ class LeViTAttention(nn.Module):
     Shape: x (B, r*r, dim) -> (B, ceil(r/stride)**2, out_dim).
     """
 
-    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.layers.record_attention_maps)
+    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
     def __init__(
         self, dim: int, out_dim: int, *, key_dim: int, num_heads: int, attn_ratio: float, resolution: int,
@@ -359,7 +360,7 @@ class LeViT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """Every attention map, in forward order (explicit path), bias included, collected
-        during one forward pass (:func:`~vitlab.layers.record_attention_maps`: eval mode,
+        during one forward pass (:func:`~vitlab.attention_maps`: eval mode,
         BatchNorm statistics read, not updated; the model left as it was): per stage, the
         shrink attention first (stages 2 and 3; rows: every second position of the previous
         map, columns: all of it), then one map per block (rows and columns: the stage's map).
@@ -368,7 +369,7 @@ class LeViT(nn.Module):
         Shape: x (B, C, H, W) -> e.g. LeViT-128S at 224 px: 2 x (B, 4, 196, 196),
         (B, 8, 49, 196), 3 x (B, 6, 49, 49), (B, 16, 16, 49), 4 x (B, 8, 16, 16).
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, LeViTConfig] = {

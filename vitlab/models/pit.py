@@ -16,6 +16,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -26,7 +27,6 @@ from vitlab.layers import (
     classifier_head,
     conv_output_size,
     drop_path_rates,
-    record_attention_maps,
 )
 
 
@@ -231,14 +231,14 @@ class PiT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """One map per block, stage after stage (explicit path), collected during one forward
-        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it
+        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it
         was). Rows (queries) and columns (keys) index the stage's tokens ``[cls, spatial
         map]``, the map in row-major order.
 
         Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, 1 + N_i, 1 + N_i);
         N_i = 729, 196, 49 for PiT-S at 224 px.
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, PiTConfig] = {

@@ -29,6 +29,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -42,7 +43,6 @@ from vitlab.layers import (
     drop_path_rates,
     explicit_attention,
     fused_attention,
-    record_attention_maps,
     sincos_1d_position_embedding,
     with_attn,
 )
@@ -130,7 +130,7 @@ class TokenAttention(nn.Module):
     Shape: x (B, N, dim) -> (B, N, in_dim).
     """
 
-    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.layers.record_attention_maps)
+    attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
     def __init__(self, dim: int, in_dim: int, *, qkv_bias: bool = False, fused_attn: bool = True) -> None:
         super().__init__()
@@ -350,7 +350,7 @@ class T2TViT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """Every attention map, in forward order (explicit path), collected during one forward
-        pass (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it was).
+        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it was).
 
         First the two token layers of the T2T module, one head each, rows and columns the
         tokens of one soft split (56 x 56, then 28 x 28 windows at 224 px, row-major): the
@@ -359,7 +359,7 @@ class T2TViT(nn.Module):
 
         Shape: x (B, C, H, W) -> [(B, 1, 3136, 3136), (B, 1, 784, 784)] + depth x (B, h, 1 + N, 1 + N).
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, T2TViTConfig] = {

@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from vitlab.attention_maps import attention_maps
 from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -28,7 +29,6 @@ from vitlab.layers import (
     classifier_head,
     encoder_blocks,
     learned_position_embedding,
-    record_attention_maps,
     sincos_2d_position_embedding,
 )
 from vitlab.models._init import init_vit_weights
@@ -186,13 +186,13 @@ class ViT(nn.Module):
 
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """Attention maps of every block (explicit path), collected during one forward pass
-        (:func:`~vitlab.layers.record_attention_maps`: eval mode, the model left as it was).
+        (:func:`~vitlab.attention_maps`: eval mode, the model left as it was).
         Rows (queries) and columns (keys) index the same tokens, ``[cls, (dist,) patches]``
         with the patches in row-major grid order.
 
         Shape: x (B, C, H, W) -> depth x (B, h, prefix + N, prefix + N).
         """
-        return [record.attn for record in record_attention_maps(self, x)]
+        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, ViTConfig] = {

@@ -3,7 +3,7 @@
 Every attention layer of a ``vitlab`` model says what kind of map it makes in a class
 attribute ``attn_kind`` (:data:`vitlab.contract.AttentionKind`) and accepts
 ``return_attn=True``, which makes it take the explicit path and return ``(out, attn)``.
-:func:`record_attention_maps` runs ``model(x)`` once and asks each such layer for its map
+:func:`attention_maps` runs ``model(x)`` once and asks each such layer for its map
 on the way, with two forward hooks per layer (PyTorch's own mechanism for looking inside
 a module's call): one adds ``return_attn=True`` to the call, the other keeps the map and
 passes ``out`` on, so the rest of the model runs exactly as in ``forward``. Nothing runs
@@ -27,7 +27,7 @@ def attention_layers(model: nn.Module) -> dict[nn.Module, str]:
 
 
 @torch.no_grad()
-def record_attention_maps(model: nn.Module, x: Any) -> list[AttentionMap]:
+def attention_maps(model: nn.Module, x: Any) -> list[AttentionMap]:
     """Run ``model(x)`` once, keeping every attention layer's map, in forward order.
 
     The pass runs in eval mode (no dropout; BatchNorm reads its running statistics and
