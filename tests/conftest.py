@@ -1,7 +1,7 @@
 """Shared test helpers. Test modules import them from here (``from conftest import ...``),
 never from each other.
 
-- the repository: ``ROOT``, ``toc_files``, ``output_text``, ``COLAB_CHAPTERS`` and
+- the repository: ``ROOT``, ``toc_files``, ``output_text`` and
   ``fresh_environment_skip_reason`` (the fresh-environment test of test_colab_ready.py);
 - models: random images, perturbed weights, reference models and a logits comparison,
   parameter counts on the meta device;
@@ -29,10 +29,6 @@ import vitlab.checks as checks
 from vitlab.checks import CheckResult
 
 ROOT = Path(__file__).resolve().parents[1]
-# Chapters run in test_colab_ready.py's fresh environment: they need nothing beyond
-# requirements.txt (02, 03, 06 and 09 import timm, a dev requirement) and no torchvision
-# (see COLAB_TORCH there). They run there a second time, so test_determinism.py leaves them out.
-COLAB_CHAPTERS = ("01_patches.ipynb", "10_levit.ipynb")
 
 
 # Under pytest-xdist (`make test`: -n 2 --dist loadgroup) each test goes to whichever worker
