@@ -1,4 +1,4 @@
-"""vitlab.assignments.isolation: a graded kernel sees its folder, an allowlisted environment, and no more.
+"""vitlab_grader.isolation: a graded kernel sees its folder, an allowlisted environment, and no more.
 
 Real kernels, one per sandbox kind, each running one notebook that tries what issue 19's
 attackers did: read a classmate's notebook beside its folder and the course checkout,
@@ -20,8 +20,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from vitlab.assignments import isolation
-from vitlab.assignments.isolation import (
+from vitlab_grader import isolation
+from vitlab_grader.isolation import (
     ENV_ALLOWLIST,
     end_processes,
     isolated_kernel_manager,
