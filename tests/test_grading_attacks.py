@@ -411,6 +411,20 @@ def test_an_answer_that_changes_its_inputs_fails_in_the_kernel_harness_too() -> 
     assert result.cases_passed == 0
 
 
+def test_an_answer_that_cannot_travel_as_data_is_named_by_its_type() -> None:
+    """A NumPy array comes back from the kernel as its type's name only; the message names it."""
+    import numpy as np
+
+    from vitlab.checks._core import collect_answers, evaluate
+    from vitlab_grader.harness import decode, encode
+    from vitlab_grader.specs import check_spec
+
+    spec = check_spec("split_heads")
+    answers = decode(encode(collect_answers(lambda x, num_heads: np.zeros(3), spec.cases)), len(spec.cases))
+    result = evaluate(spec, answers)
+    assert result.status == "failed" and result.message.endswith("expected a torch.Tensor, got ndarray")
+
+
 def test_warmup_cosine_in_float32_passes() -> None:
     def float32_schedule(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
         s = torch.tensor(float(step))
