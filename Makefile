@@ -30,11 +30,12 @@ help:
 	@echo "make reading-times  how long each chapter's main path takes to read (prose and visible code)"
 	@echo "make clean      remove build outputs (keeps $(VENV))"
 
-# Re-installs only when a requirements file or pyproject.toml changes.
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+# Re-installs only when a requirements file or a pyproject.toml changes. Both packages are
+# installed editable: vitlab (the students') and vitlab-grader (grader/, the instructor's).
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml grader/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -r requirements-dev.txt -e .
+	$(PY) -m pip install -r requirements-dev.txt -e . -e ./grader
 	touch $@
 
 install: $(STAMP)
@@ -63,8 +64,8 @@ mathjax: $(MATHJAX)/tex-mml-chtml.js
 # ruff and pyright are configured in pyproject.toml; notebooks/ruff.toml keeps the notebooks'
 # code within the book's 79-column code blocks.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check vitlab tests benchmarks book/_scripts book/_ext
-	$(VENV)/bin/ruff format --check vitlab tests benchmarks book/_scripts book/_ext
+	$(VENV)/bin/ruff check vitlab grader tests benchmarks book/_scripts book/_ext
+	$(VENV)/bin/ruff format --check vitlab grader tests benchmarks book/_scripts book/_ext
 	$(VENV)/bin/ruff check notebooks
 	$(VENV)/bin/pyright
 

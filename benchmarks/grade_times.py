@@ -9,12 +9,13 @@ everything). Two timings, each the median of ``--repeats`` runs, one after the o
 * **plain run**: the submission executed once by nbclient in a fresh kernel, its checks
   printing their lines in the notebook (what grading cost before it was run against the
   release: a kernel, the cells, the checks);
-* **graded**: ``vitlab.assignments.grade`` on the submission against the release: all of
+* **graded**: ``vitlab_grader.grade`` on the submission against the release: all of
   the above, plus the submission's folder, the sandbox, the cases written and the answers
   read back, the references computed in the grader, every process ended (with the sandbox,
   and with ``--no-sandbox``).
 
-Wall-clock seconds, kernel start-up included in both. No test asserts a time.
+Wall-clock seconds, kernel start-up included in both. No test asserts a time. It needs the
+grader's package, ``vitlab-grader`` (``make install`` installs it, or ``pip install -e ./grader``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def solved_copy(instructor: Path, release: Path, target: Path) -> Path:
     """The student copy with each exercise's stub replaced by the instructor's solution."""
     import nbformat
 
-    from vitlab.assignments import inspect_notebook
+    from vitlab_grader import inspect_notebook
 
     original = nbformat.read(instructor, as_version=4)
     solutions = [original.cells[e.solution_cell].source for e in inspect_notebook(original).exercises]
@@ -63,7 +64,7 @@ def plain_run(path: Path) -> float:
 
 def graded(path: Path, release: Path, sandbox: bool) -> tuple[float, str, float]:
     """``(seconds, sandbox used, score)`` of grading the submission against the release."""
-    from vitlab.assignments import grade
+    from vitlab_grader import grade
 
     start = time.perf_counter()
     (result,) = grade([path], [release], timeout=600, sandbox=sandbox)
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from vitlab.assignments import make_student
+    from vitlab_grader import make_student
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     print(f"python {sys.version.split()[0]}, commit {commit.stdout.strip() or '?'}, median of {args.repeats}")

@@ -36,8 +36,8 @@ import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 import vitlab.checks
-from vitlab.assignments import make_student
-from vitlab.assignments.__main__ import main
+from vitlab_grader import make_student
+from vitlab_grader.__main__ import main
 
 TOKEN, ATTENTION = "t2t_token_count", "scaled_dot_product_attention"
 SECRET = "VITLAB_TEST_GRADER_SECRET"  # set in the grader's environment; no kernel may see it
@@ -189,7 +189,7 @@ REPLACE_COMPARISON = (
 FAKE_MODULE = (
     "import sys, types\n\nfake = types.ModuleType('vitlab.checks')\n"
     f"fake.{ATTENTION} = lambda fn: print({PASS_LINE!r})\nsys.modules['vitlab.checks'] = fake\n"
-    "sys.modules['vitlab.assignments.harness'] = fake"
+    "sys.modules['vitlab_grader.harness'] = fake"
 )
 HOOK = (
     "from IPython.display import display\n\n"
@@ -400,15 +400,29 @@ def test_the_in_notebook_check_never_has_the_reference_on_the_stack(capsys: pyte
 
 def test_an_answer_that_changes_its_inputs_fails_in_the_kernel_harness_too() -> None:
     """The grader's side: the harness's answers carry the inputs a function changed."""
-    from vitlab.assignments.harness import decode, encode
-    from vitlab.checks import check_spec
     from vitlab.checks._core import collect_answers, evaluate
+    from vitlab_grader.harness import decode, encode
+    from vitlab_grader.specs import check_spec
 
     spec = check_spec("encoder_block")
     answers = decode(encode(collect_answers(block_adds_in_place, spec.cases)), len(spec.cases))
     result = evaluate(spec, answers)
     assert result.status == "failed" and "changed its input `x` in place" in result.message
     assert result.cases_passed == 0
+
+
+def test_an_answer_that_cannot_travel_as_data_is_named_by_its_type() -> None:
+    """A NumPy array comes back from the kernel as its type's name only; the message names it."""
+    import numpy as np
+
+    from vitlab.checks._core import collect_answers, evaluate
+    from vitlab_grader.harness import decode, encode
+    from vitlab_grader.specs import check_spec
+
+    spec = check_spec("split_heads")
+    answers = decode(encode(collect_answers(lambda x, num_heads: np.zeros(3), spec.cases)), len(spec.cases))
+    result = evaluate(spec, answers)
+    assert result.status == "failed" and result.message.endswith("expected a torch.Tensor, got ndarray")
 
 
 def test_warmup_cosine_in_float32_passes() -> None:

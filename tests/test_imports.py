@@ -1,4 +1,5 @@
-"""The package's import graph has no cycle, and every module imports in a fresh interpreter.
+"""The package's import graph has no cycle, every module imports in a fresh interpreter, and
+vitlab never imports the instructor's grader (``vitlab_grader``, in ``grader/``).
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import``
 anywhere in a module, inside functions too (a cycle hidden in a function-level import is
@@ -163,8 +164,51 @@ def test_the_layers_import_only_what_is_below_them(module: str, allowed: set[str
 
 
 def test_every_module_imports_in_a_fresh_interpreter() -> None:
-    """One new interpreter imports every module (the graph has no cycle, so any order works)."""
+    """One new interpreter imports every module (the graph has no cycle, so any order works), and no grader."""
     names = [name for name in vitlab_modules() if not name.endswith("__main__")]
-    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+    code = (
+        "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vitlab_grader'))\n"
+    )
     result = subprocess.run([sys.executable, "-c", code, *names], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", f"importing vitlab loaded the grader: {result.stdout.strip()}"
+
+
+# ---------------------------------------------------------------- the grader stays out of vitlab
+
+
+def grader_imports(path: Path) -> list[str]:
+    """Every ``vitlab_grader`` module that the source file ``path`` imports, at any level or by name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append(node.module or "")
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("import_module", "__import__"):
+            argument = node.args[0] if node.args else None
+            if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                found.append(argument.value)
+    return [name for name in found if name.split(".")[0] == "vitlab_grader"]
+
+
+def test_grader_imports_finds_every_form_of_import(tmp_path: Path) -> None:
+    source = tmp_path / "checks.py"
+    source.write_text(
+        "import vitlab_grader\nimport os\nfrom vitlab_grader.specs import check_spec\n"
+        "def f():\n    import vitlab_grader.harness as h\n    importlib.import_module('vitlab_grader.grade')\n"
+        "    __import__('vitlab_grader.ids', fromlist=['x'])\nfrom vitlab import checks\n"
+    )
+    assert grader_imports(source) == [
+        "vitlab_grader", "vitlab_grader.specs", "vitlab_grader.harness", "vitlab_grader.grade", "vitlab_grader.ids",
+    ]  # fmt: skip
+
+
+def test_vitlab_has_no_grading_code_and_never_imports_the_grader() -> None:
+    """The grader is its own package (grader/, ``vitlab_grader``) that depends on vitlab; never the other way."""
+    found = {name: imports for name, path in vitlab_modules().items() if (imports := grader_imports(path))}
+    assert not found, f"vitlab imports the grader: {found}"
+    assert not (ROOT / "vitlab" / "assignments").exists(), "the grading code lives in grader/vitlab_grader"
+    assert (ROOT / "grader" / "vitlab_grader" / "grade.py").is_file()

@@ -1,4 +1,4 @@
-"""vitlab.assignments.isolation: a graded kernel sees its folder, an allowlisted environment, and no more.
+"""vitlab_grader.isolation: a graded kernel sees its folder, an allowlisted environment, and no more.
 
 Real kernels, one per sandbox kind, each running one notebook that tries what issue 19's
 attackers did: read a classmate's notebook beside its folder and the course checkout,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +21,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
-from vitlab.assignments import isolation
-from vitlab.assignments.isolation import (
+from vitlab_grader import isolation
+from vitlab_grader.isolation import (
     ENV_ALLOWLIST,
     end_processes,
     isolated_kernel_manager,
@@ -76,6 +77,7 @@ print(json.dumps({{
     "overwrite_classmate": can_write({classmate!r}), "write_beside": can_write({beside!r}),
     "write_usr": can_write({usr_probe!r}), "write_here": can_write('mine.txt'),
     "vitlab": can_read(importlib.util.find_spec('vitlab').origin),
+    "packages": [os.path.realpath(importlib.util.find_spec(m).origin) for m in ('vitlab', 'vitlab_grader')],
 }}))
 """
 
@@ -148,6 +150,11 @@ def _assert_env_folder_processes(seen: dict) -> None:
     ipykernel_sets = {"CLICOLOR", "CLICOLOR_FORCE", "FORCE_COLOR", "GIT_PAGER", "MPLBACKEND", "PAGER", "TERM",
                       "PYDEVD_USE_FRAME_EVAL", "PWD", "LC_CTYPE"}  # fmt: skip
     assert set(seen["env"]) - ipykernel_sets <= set(ENV_ALLOWLIST) | {"VITLAB_CHECK_DATA"}
+    # the kernel imports the grader's own vitlab and vitlab_grader (the harness), wherever they are
+    import vitlab
+    import vitlab_grader
+
+    assert seen["packages"] == [os.path.realpath(vitlab.__file__), os.path.realpath(vitlab_grader.__file__)]
     assert seen["write_here"] and seen["vitlab"]
     assert not seen["write_usr"]
     assert seen["detached_started"], "the probe's detached processes never started: the test proves nothing"
@@ -160,14 +167,30 @@ def test_scrubbed_env_keeps_only_the_allowlist(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("LANG", "C.UTF-8")
     monkeypatch.setenv("HOME", "/root-of-the-grader")
     monkeypatch.setenv("PATH", "/grader/secret/bin:/usr/bin")
+    monkeypatch.setenv("PYTHONPATH", "/grader/secret/lib")
     env = scrubbed_env({"VITLAB_CHECK_DATA": "1"})
     assert SECRET not in env and "AWS_SECRET_ACCESS_KEY" not in env
     assert env["LANG"] == "C.UTF-8" and env["VITLAB_CHECK_DATA"] == "1"
     assert "HOME" not in env  # set to the folder by isolated_kernel_manager
-    assert "/grader" not in env["PATH"]
+    assert "/grader/secret" not in env["PATH"] and "/grader/secret" not in env.get("PYTHONPATH", "")
     assert set(env) <= set(ENV_ALLOWLIST) | {"VITLAB_CHECK_DATA"}
     with pytest.raises(TypeError, match="str to str"):
         scrubbed_env({"N": 1})  # type: ignore[dict-item]
+
+
+def test_the_kernel_finds_the_graders_packages_in_a_checkout_or_installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A checkout (PYTHONPATH, editable install): its two folders on the kernel's PYTHONPATH and
+    bound into the sandbox; installed into the environment (pip install): nothing to add."""
+    checkout = [tmp_path / "vitlab", tmp_path / "grader" / "vitlab_grader"]
+    monkeypatch.setattr(isolation, "_package_dirs", lambda: checkout)
+    assert scrubbed_env()["PYTHONPATH"] == os.pathsep.join([str(tmp_path), str(tmp_path / "grader")])
+    _, binds = isolation._readonly_paths()
+    assert {str(checkout[0]), str(checkout[1])} <= set(binds) and str(tmp_path) not in binds
+    site = Path(sysconfig.get_paths()["purelib"])
+    monkeypatch.setattr(isolation, "_package_dirs", lambda: [site / "vitlab", site / "vitlab_grader"])
+    assert "PYTHONPATH" not in scrubbed_env()
 
 
 def test_submission_folder_holds_only_its_files_and_is_removed() -> None:

@@ -1,4 +1,4 @@
-"""vitlab.assignments.ids: student ids from Moodle and Canvas exports, folders, names, patterns; no merges."""
+"""vitlab_grader.ids: student ids from Moodle and Canvas exports, folders, names, patterns; no merges."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vitlab.assignments.ids import StudentIdError, student_ids
+from vitlab_grader.ids import StudentIdError, student_ids
 
 
 def _ids(root: Path, *names: str, **options: str) -> dict[str, str]:
@@ -112,3 +112,23 @@ def test_bad_arguments(tmp_path: Path) -> None:
         student_ids([tmp_path / "a.ipynb"], root=tmp_path / "elsewhere")
     assert student_ids([]) == {}
     assert not issubclass(StudentIdError, KeyError) and issubclass(StudentIdError, ValueError)
+
+
+COPIES = ("09_pit copy.ipynb", "09_pit copy 2.ipynb", "09_pit-1.ipynb", "09_pit (1).ipynb", "Copy of 09_pit.ipynb",
+          "09_pit - Copy.ipynb", "Copy of 09_pit (2).ipynb")  # fmt: skip
+
+
+def test_one_parser_and_one_set_of_copy_rules(tmp_path: Path) -> None:
+    """Bug 5: ``student_id`` gave ``jane`` where the grader's ids gave ``jane_doe``, and the release
+    matching and the ids each knew copy decorations the other did not (`` copy``, ``-1``)."""
+    from vitlab_grader import Release, student_id
+    from vitlab_grader.release import match_release
+
+    path = tmp_path / "jane_doe_09_pit.ipynb"
+    assert student_id(path) == student_ids([path])[path] == "jane_doe"
+    assert student_id(tmp_path / "2024-0042.ipynb") == "2024-0042"  # a number after a dash and a digit: no copy
+    releases = [Release(name, tmp_path / f"{name}.ipynb", {}, ()) for name in ("07_t2t_vit", "09_pit")]
+    for name in COPIES:
+        assert student_id(tmp_path / name) == "09_pit", name  # the file's name, undecorated
+        release, anomalies = match_release(tmp_path / name, {"metadata": {}}, releases)
+        assert release is not None and release.name == "09_pit" and anomalies == [], name

@@ -12,10 +12,9 @@ runs with gradients and a backward pass), fails. A check never raises on the stu
 behalf. The result displays nothing, so a cell shows the line only.
 
 The student's answers are computed first and the references after, never on one stack.
-The grader (:mod:`vitlab.assignments.grade`) does not run these functions in the
-student's kernel: it takes a check's cases and reference with
-:func:`check_spec`, gets the answers back as data and compares in its
-own process (:mod:`vitlab.checks._core`).
+The instructor's grader (the separate package ``vitlab_grader``) does not run these
+functions in the student's kernel: it takes a check's cases and reference, gets the
+answers back as data and compares in its own process (:mod:`vitlab.checks._core`).
 
 Signatures of the functions under test (two are fixed for graders and other tools:
 ``scaled_dot_product_attention`` and ``t2t_token_count``):
@@ -62,8 +61,7 @@ Signatures of the functions under test (two are fixed for graders and other tool
 Each check's docstring defines its function exactly.
 """
 
-from vitlab.checks._core import CheckResult, CheckSpec
-from vitlab.checks._core import check_spec as spec_of
+from vitlab.checks._core import CheckResult
 from vitlab.checks.attention import (
     padded_cross_attention,
     qkv_weight_from_jax,
@@ -88,20 +86,7 @@ from vitlab.checks.pit import pit_pooling, pit_pooling_stage
 from vitlab.checks.t2t import soft_split, t2t_grids, t2t_token_count
 from vitlab.checks.training import attention_rollout, mean_pool_rollout, warmup_cosine
 
-
-def check_spec(name: str) -> CheckSpec:
-    """The spec (cases, reference, known wrong answers) of the check called ``name``, e.g. ``"split_heads"``.
-
-    Raises:
-        ValueError: no check of that name.
-    """
-    check = globals().get(name)
-    if name not in __all__ or not callable(check) or name in ("CheckResult", "check_spec"):
-        raise ValueError(f"vitlab.checks has no check named {name!r}")
-    return spec_of(check)
-
-
-# The checks (and CheckResult); check_spec is the grader's lookup, not a check.
+# The checks, and what they return.
 __all__ = [
     "CheckResult",
     "attention_macs",

@@ -19,9 +19,10 @@ on a stack the student's function can walk) and prints exactly one line:
 * ``FAIL name [case 2/4: ...]: what differs``
 * ``TODO name: not implemented yet``
 
-The grader (:mod:`vitlab.assignments.grade`) takes the two steps apart: it gets a check's
-spec with :func:`vitlab.checks.check_spec`, sends the cases to the student's kernel, which runs step 1
-and returns the answers as data, and runs step 2 in its own process. A check never raises
+The instructor's grader (the separate package ``vitlab_grader``, in ``grader/``) takes the
+two steps apart: it asks a check for its spec (a :class:`SpecRequest` in place of the
+function), sends the cases to the student's kernel, which runs step 1 and returns the
+answers as data, and runs step 2 in its own process. A check never raises
 because of the student's code: a wrong answer, a crash or ``NotImplementedError`` become
 a failed result, so a notebook keeps running. Printing is the point of these functions
 (they are the output of a notebook cell); the rest of ``vitlab`` never prints.
@@ -210,13 +211,6 @@ class CheckSpec:
     known_wrong: tuple[KnownWrong, ...] = ()
     expect: Expect = Expect()
     pass_note: str = ""
-
-
-@dataclass(frozen=True)
-class Unsupported:
-    """An answer of a type that cannot travel as data from a kernel (e.g. a NumPy array): only its type's name."""
-
-    type_name: str
 
 
 @dataclass(frozen=True)
@@ -423,17 +417,13 @@ def collect_answers(fn: Callable[..., Any], cases: Sequence[Case]) -> Answers:
     return Answers(found, gradient, graded, f"{module}.{name}" if module and name else name)
 
 
-def _type_name(x: Any) -> str:
-    return x.type_name if isinstance(x, Unsupported) else type(x).__name__
-
-
 def _number_problem(got: Any, expected: float, expect: Expect) -> str | None:
     if isinstance(got, Tensor):
         if got.numel() != 1:
             return f"expected one number, got a tensor of shape {shape(got)}"
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        return f"expected a number, got {_type_name(got)}"
+        return f"expected a number, got {type(got).__name__}"
     got = float(got)
     if math.isclose(got, expected, rel_tol=expect.rtol, abs_tol=expect.atol):
         return None
@@ -444,7 +434,7 @@ def _number_problem(got: Any, expected: float, expect: Expect) -> str | None:
 
 def _tensor_problem(got: Any, expected: Tensor, expect: Expect) -> str | None:
     if not isinstance(got, Tensor):
-        return f"expected a torch.Tensor, got {_type_name(got)}"
+        return f"expected a torch.Tensor, got {type(got).__name__}"
     if got.shape != expected.shape:
         return f"expected shape {shape(expected)}, got {shape(got)}"
     if expect.integer and (got.is_floating_point() or got.is_complex()):
@@ -600,25 +590,14 @@ def show(result: CheckResult) -> None:
 
 
 class SpecRequest:
-    """Give this to a check instead of a function to get its :class:`CheckSpec` (:func:`check_spec`)."""
+    """Give this to a check instead of a function to get its :class:`CheckSpec`: the check stores it in ``spec``.
+
+    Nothing runs but the check's own code that builds its cases; the grader uses it to get
+    a check's cases and reference without a student function.
+    """
 
     def __init__(self) -> None:
         self.spec: CheckSpec | None = None
-
-
-def check_spec(check: Callable[[Any], Any]) -> CheckSpec:
-    """The spec of a check function (``vitlab.checks.split_heads``); by name: :func:`vitlab.checks.check_spec`.
-
-    Nothing runs but the check's own code that builds its cases; no student function is called.
-
-    Raises:
-        ValueError: a check that is not built on :func:`run_check`.
-    """
-    request = SpecRequest()
-    check(request)
-    if request.spec is None:
-        raise ValueError(f"{check!r} is not a check built on vitlab.checks._core.run_check")
-    return request.spec
 
 
 def run_check(

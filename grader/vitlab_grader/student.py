@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vitlab.assignments.exercises import (
+from vitlab_grader.exercises import (
     ANSWER,
     CHECK,
     DEFAULT_POINTS,
@@ -34,7 +34,7 @@ from vitlab.assignments.exercises import (
     source,
     tags,
 )
-from vitlab.assignments.release import STAMP
+from vitlab_grader.release import STAMP
 
 KEEP_TAGS = (EXERCISE, CHECK, "raises-exception")
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")

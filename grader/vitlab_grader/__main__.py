@@ -1,4 +1,4 @@
-"""``python -m vitlab.assignments {validate,student,grade} ...``: the instructor's command line."""
+"""``python -m vitlab_grader {validate,student,grade} ...``: the instructor's command line."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vitlab.assignments.exercises import (
+from vitlab_grader.exercises import (
     AssignmentError,
     find_notebooks,
     inspect_notebook,
 )
-from vitlab.assignments.grade import (
+from vitlab_grader.grade import (
     CSV_COLUMNS,
     grade,
     summary,
@@ -21,14 +21,14 @@ from vitlab.assignments.grade import (
     write_gradebook,
     write_json,
 )
-from vitlab.assignments.ids import SOURCES, StudentIdError
-from vitlab.assignments.student import make_student
+from vitlab_grader.ids import SOURCES, StudentIdError
+from vitlab_grader.student import make_student
 
 EXAMPLES = """examples:
-  python -m vitlab.assignments validate notebooks/
-  python -m vitlab.assignments student notebooks/ --out student/
-  python -m vitlab.assignments grade submissions/*.ipynb --release student/ --out results.csv --json results.json
-  python -m vitlab.assignments grade submissions/ --release student/ --out results.csv --gradebook gradebook.csv \
+  python -m vitlab_grader validate notebooks/
+  python -m vitlab_grader student notebooks/ --out student/
+  python -m vitlab_grader grade submissions/*.ipynb --release student/ --out results.csv --json results.json
+  python -m vitlab_grader grade submissions/ --release student/ --out results.csv --gradebook gradebook.csv \
       --feedback feedback/ --cell-timeout 60 --timeout 300
 
 More in the book's page "For instructors" (book/instructors.md)."""
@@ -129,7 +129,7 @@ def grade_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m vitlab.assignments",
+        prog="python -m vitlab_grader",
         description="The instructor's workflow: check the chapters, make student copies, grade submissions.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,6 +1,6 @@
 """The grader's side of a check inside a student's kernel: run the answer, return it as data.
 
-The grader (:mod:`vitlab.assignments.grade`) puts a cell where the release has a check
+The grader (:mod:`vitlab_grader.grade`) puts a cell where the release has a check
 cell. It calls :func:`answer_cases` with the path of the cases (written by the grader),
 the path for the answers, and the student's function. The student's function runs on
 every case (:func:`vitlab.checks._core.collect_answers`) and what it returned is saved
@@ -22,9 +22,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitlab.checks._core import Answer, Answers, Unsupported, collect_answers
+from vitlab.checks._core import Answer, Answers, collect_answers
 
 VERSION = 1  # the layout of an answers file
+
+
+def unsupported(type_name: str) -> Any:
+    """A stand-in for an answer that cannot travel as data (e.g. a NumPy array), of a class named ``type_name``.
+
+    The check compares it like any answer of a type it does not expect, and its message
+    names the student's type: ``expected a torch.Tensor, got ndarray``.
+    """
+    return type(type_name, (), {"__slots__": ()})()
 
 
 def encode_value(value: Any) -> tuple[Any, str]:
@@ -82,7 +91,7 @@ def decode(data: Any, cases: int) -> Answers:
         if isinstance(value, Tensor):
             value = value.as_subclass(Tensor)
         elif value is None and type_name != "NoneType":
-            value = Unsupported(type_name)
+            value = unsupported(type_name)
         elif not (value is None or isinstance(value, (bool, int, float, str))):
             raise ValueError(f"an answer's value must be a tensor, a number or a string, got {type(value).__name__}")
         changed = case.get("changed")

@@ -3,7 +3,7 @@
 Usage (the grader, one submission)::
 
     from nbclient import NotebookClient
-    from vitlab.assignments.isolation import (
+    from vitlab_grader.isolation import (
         end_processes, isolated_kernel_manager, scrubbed_env, submission_folder,
     )
 
@@ -27,8 +27,11 @@ What a kernel gets:
   files given, removed afterwards. It is the kernel's working folder and ``HOME`` (IPython
   writes its ``.ipython`` profile there).
 - **An environment** (:func:`scrubbed_env`): only the names in :data:`ENV_ALLOWLIST`, and
-  ``PATH``/``HOME`` set here, never the grader's values; nothing else of the instructor's
-  (tokens, keys, cloud credentials) reaches the student's code.
+  ``PATH``/``HOME``/``PYTHONPATH`` set here, never the grader's values; nothing else of the
+  instructor's (tokens, keys, cloud credentials) reaches the student's code. The kernel
+  imports the same ``vitlab`` and ``vitlab_grader`` as the grader: ``PYTHONPATH`` names
+  the folders holding them when the Python installation does not (a checkout on the
+  grader's ``PYTHONPATH``, an editable install); installed into the environment, nothing.
 - **A sandbox** where one can start (:func:`isolated_kernel_manager`), tried in this order:
 
   1. ``bubblewrap`` (``bwrap``, Debian/Ubuntu package ``bubblewrap``): a new mount
@@ -36,12 +39,13 @@ What a kernel gets:
      (``/usr`` and the ``/lib*``, ``/bin`` links), a few files of ``/etc`` (dynamic
      linker cache, time zone, fonts, users), the Python installation (``sys.prefix`` and
      ``sys.base_prefix``, so the virtual environment and its interpreter) and the
-     directory of the installed ``vitlab`` package alone (with an editable install that
-     is ``<checkout>/vitlab``: the checkout's notebooks, tests and solutions stay
-     invisible); read-write, the submission's folder; a private ``/tmp``, ``/proc`` of
-     its own and a minimal ``/dev``. New user (uid 65534, every capability dropped),
-     pid, network, IPC and UTS namespaces; ``--die-with-parent``, and ``--new-session``
-     so that the kernel's process group does not include ``bwrap`` itself.
+     directories of the ``vitlab`` and ``vitlab_grader`` packages the grader runs (with
+     editable installs ``<checkout>/vitlab`` and ``<checkout>/grader/vitlab_grader``
+     alone: the checkout's notebooks, tests and solutions stay invisible); read-write,
+     the submission's folder; a private ``/tmp``, ``/proc`` of its own and a minimal
+     ``/dev``. New user (uid 65534, every capability dropped), pid, network, IPC and UTS
+     namespaces; ``--die-with-parent``, and ``--new-session`` so that the kernel's
+     process group does not include ``bwrap`` itself.
   2. ``unshare`` (util-linux): the same layout, built by a shell script with ``mount`` and
      ``pivot_root`` in new user, mount, pid, network, IPC and UTS namespaces; the kernel
      is the namespace's first process, root of its user namespace (the grader's user
@@ -93,9 +97,11 @@ from jupyter_client.manager import AsyncKernelManager
 
 ENV_ALLOWLIST: tuple[str, ...] = (
     # Set here, never copied from the grader: HOME is the submission's folder, PATH the
-    # virtual environment's bin folder then the system's.
+    # virtual environment's bin folder then the system's, PYTHONPATH the folders of the
+    # grader's vitlab and vitlab_grader outside the Python installation (if any).
     "HOME",
     "PATH",
+    "PYTHONPATH",
     # Copied from the grader's environment when set there: locale and time zone (how text
     # and dates print), and the thread counts of the math libraries (so that several
     # kernels graded side by side do not oversubscribe the CPU).
@@ -113,7 +119,7 @@ ENV_ALLOWLIST: tuple[str, ...] = (
 )
 """The only names of the grader's environment a kernel sees (see :func:`scrubbed_env`)."""
 
-_SET_HERE = ("HOME", "PATH")
+_SET_HERE = ("HOME", "PATH", "PYTHONPATH")
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _SANDBOX_UID = 65534  # "nobody": the kernel's user inside the sandbox
 _ETC = (  # read-only in the sandbox: what Python, torch and matplotlib read; nothing secret
@@ -131,13 +137,18 @@ def scrubbed_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
     From the grader's environment only the names of :data:`ENV_ALLOWLIST` that are set
     there are copied, except ``HOME`` (left out: :func:`isolated_kernel_manager` sets it
-    to the submission's folder) and ``PATH`` (set to the running interpreter's folder and
-    the system's, whatever the grader's is). ``extra`` (such as
+    to the submission's folder), ``PATH`` (set to the running interpreter's folder and
+    the system's, whatever the grader's is) and ``PYTHONPATH`` (set to the folders holding
+    the grader's ``vitlab`` and ``vitlab_grader`` when they are outside the Python
+    installation, else left out). ``extra`` (such as
     ``{"VITLAB_CHECK_DATA": "1"}``) is added last and may name anything: it is the
     grader's explicit choice.
     """
     env = {name: os.environ[name] for name in ENV_ALLOWLIST if name not in _SET_HERE and name in os.environ}
     env["PATH"] = f"{Path(sys.executable).parent}:{_SYSTEM_PATH}"
+    outside = [str(p.parent) for p in _package_dirs() if not _inside(str(p), _installation())]
+    if outside:
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(outside))
     for name, value in (extra or {}).items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise TypeError(f"extra environment must map str to str, got {name!r}: {value!r}")
@@ -176,25 +187,40 @@ def submission_folder(files: Mapping[str, bytes]) -> Iterator[Path]:
 # --- the sandboxes ---------------------------------------------------------------------
 
 
-def _package_dir() -> Path:
-    """The directory of the installed ``vitlab`` package (the only part of a checkout the kernel sees)."""
-    return Path(__file__).resolve().parents[1]
+def _package_dirs() -> list[Path]:
+    """The folders of the ``vitlab`` and ``vitlab_grader`` packages that this grader runs.
+
+    The kernel imports both: ``vitlab`` for the student's code and the checks' cases,
+    ``vitlab_grader.harness`` for the grader's cells. They are the only parts of a
+    checkout that a sandboxed kernel sees.
+    """
+    import vitlab
+
+    return [Path(vitlab.__file__).resolve().parent, Path(__file__).resolve().parent]
 
 
-def _python_paths() -> list[str]:
-    """The Python installation, outermost first: prefixes and the real interpreter's folder."""
+def _installation() -> list[str]:
+    """The Python installation: prefixes and the real interpreter's folder, outermost first."""
     paths = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     paths |= {os.path.realpath(p) for p in list(paths)}
     paths.add(str(Path(os.path.realpath(sys.executable)).parent))
-    paths.add(str(_package_dir()))
     return _outermost(p for p in paths if os.path.isdir(p))
+
+
+def _inside(path: str, folders: Iterable[str]) -> bool:
+    return any(path == f or path.startswith(f.rstrip("/") + "/") for f in folders)
+
+
+def _python_paths() -> list[str]:
+    """What a sandboxed kernel reads of Python: the installation and the grader's two packages, outermost first."""
+    return _outermost([*_installation(), *(str(p) for p in _package_dirs())])
 
 
 def _outermost(paths: Iterable[str]) -> list[str]:
     """``paths`` without those inside another one of them, sorted."""
     kept: list[str] = []
     for path in sorted(set(paths)):
-        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+        if not _inside(path, kept):
             kept.append(path)
     return kept
 

@@ -5,16 +5,16 @@ each one alone:
 
 1. **Against the release.** The submission is matched to its release notebook (the
    student copy ``student`` wrote) and its check cells are replaced by the release's
-   (:mod:`vitlab.assignments.release`): the release gives every check's source, points,
+   (:mod:`vitlab_grader.release`): the release gives every check's source, points,
    order and function. Edited, missing, duplicated or extra check cells and changed
    metadata never change the score; each is reported as an anomaly. Exercises the
    release does not assign are not graded.
-2. **In isolation** (:mod:`vitlab.assignments.isolation`): a fresh temporary folder with
+2. **In isolation** (:mod:`vitlab_grader.isolation`): a fresh temporary folder with
    only the notebook and what the release ships, a scrubbed environment, an OS sandbox
    where one starts (else the result says file isolation was unavailable), and every
    process the kernel started ended before anything is read.
 3. **Verdicts the student's code cannot reach.** Where the release has a check cell, the
-   kernel runs a grader's cell (:mod:`vitlab.assignments.harness`): the student's function
+   kernel runs a grader's cell (:mod:`vitlab_grader.harness`): the student's function
    runs on the check's cases, written by the grader, and its outputs come back as data
    (``torch.save``, read with ``torch.load(weights_only=True)`` and a size limit). The
    grader's own process computes the references and compares
@@ -52,8 +52,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vitlab.assignments.exercises import DEFAULT_POINTS, source
-from vitlab.assignments.release import (
+from vitlab_grader.exercises import DEFAULT_POINTS, source
+from vitlab_grader.release import (
     Release,
     ReleaseCheck,
     copied_references,
@@ -70,12 +70,11 @@ CSV_COLUMNS = (
     "notebook", "exercise", "function", "status", "message", "points", "fraction", "score", "student", "flags",
 )  # fmt: skip
 ANSWERS_LIMIT = 64 * 2**20  # bytes: the largest answers file the grader reads back from a kernel
-DEFAULT_ID_PATTERN = r"^(?P<id>[^_]+)_"  # "s1234_07_t2t_vit.ipynb" -> "s1234"; no match: the file name
 _WORK = ".vitlab-grader"  # the folder, inside the submission's, for the cases and answers files
 _DATA_STATUS = {"passed": "PASS", "failed": "FAIL", "not implemented": "TODO"}
 _PROBE_SECONDS = 10  # how long an interrupted kernel may take to answer again
 _TIMEOUT_ENAME = "CellTimeoutError"  # the error nbclient's reply carries for a cell past its limit
-_QUIET = logging.getLogger("vitlab.assignments.grade.nbclient")  # nbclient's timeout messages: not the table's
+_QUIET = logging.getLogger("vitlab_grader.grade.nbclient")  # nbclient's timeout messages: not the table's
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
 
@@ -142,21 +141,6 @@ class NotebookResult:
         message = self.error or "the release notebook has no check cells"
         status = "ERROR" if self.error else "TODO"
         return [ExerciseResult(self.notebook, "", "", status, message, 0.0, 0.0, 0.0, self.student)]
-
-
-def student_id(path: str | Path, pattern: str = DEFAULT_ID_PATTERN) -> str:
-    """The student id in a submission's file name: ``pattern``'s group ``id`` (or group 1, or all it matched).
-
-    ``pattern`` is a regular expression searched in the file name without ``.ipynb``; when
-    it does not match, the id is that whole name.
-    """
-    name = Path(path).name.removesuffix(".ipynb")
-    match = re.search(pattern, name)
-    if match is None:
-        return name
-    if "id" in match.re.groupindex:
-        return match.group("id")
-    return match.group(1) if match.re.groups else match.group(0)
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -306,7 +290,7 @@ def _harness_source(folder: Path, check: ReleaseCheck) -> str:
     """
     work = str(folder / _WORK / str(check.number))
     return (
-        f"__import__('vitlab.assignments.harness', fromlist=['answer_cases']).answer_cases("
+        f"__import__('vitlab_grader.harness', fromlist=['answer_cases']).answer_cases("
         f"{work + '-cases.pt'!r}, {work + '-answers.pt'!r}, lambda: {check.function})"
     )
 
@@ -339,7 +323,7 @@ def _read_answers(path: Path, cases: int) -> Any:
     """The student's answers a grader's cell saved, or why they cannot be read (a string)."""
     import torch
 
-    from vitlab.assignments.harness import decode
+    from vitlab_grader.harness import decode
 
     if not path.is_file():
         return "the grader's cell saved no answers"
@@ -384,7 +368,7 @@ def _grade_submission(
     """Grade one submission (its bytes, read before any kernel started) against its release notebook."""
     import nbformat
 
-    from vitlab.assignments.isolation import submission_folder
+    from vitlab_grader.isolation import submission_folder
 
     result = NotebookResult(str(path), student=student)
     try:
@@ -411,8 +395,8 @@ def _run_in(
     """Run a submission in its folder, then score every exercise of its release notebook into ``result``."""
     import nbformat
 
-    from vitlab.assignments.isolation import end_processes, isolated_kernel_manager, scrubbed_env
-    from vitlab.checks import check_spec
+    from vitlab_grader.isolation import end_processes, isolated_kernel_manager, scrubbed_env
+    from vitlab_grader.specs import check_spec
 
     planned = plan(notebook, release, partial(_harness_source, folder))
     result.anomalies += planned.anomalies
@@ -481,7 +465,7 @@ def grade_notebook(
 
 
 def _student_ids(paths: list[Path], root: Path | None, id_source: str, pattern: str | None) -> dict[Path, str]:
-    from vitlab.assignments.ids import student_ids
+    from vitlab_grader.ids import student_ids
 
     return student_ids(paths, root=root, source=id_source, pattern=pattern)
 
@@ -512,13 +496,13 @@ def grade(
         cell_timeout: seconds for one cell (``None``: only the notebook's limit).
         all_or_nothing: full points for a ``PASS`` and none otherwise, instead of partial credit.
         id_source, id_pattern, root: how the student ids are found
-            (:func:`vitlab.assignments.ids.student_ids`).
+            (:func:`vitlab_grader.ids.student_ids`).
         sandbox: ``False`` runs the kernels without an OS sandbox (folder, environment and
             processes are still isolated).
 
     Raises:
         AssignmentError: the release cannot be read.
-        vitlab.assignments.ids.StudentIdError: two submissions get the same student id.
+        vitlab_grader.ids.StudentIdError: two submissions get the same student id.
     """
     paths = [Path(p) for p in paths]
     releases = read_release(release)
@@ -568,7 +552,7 @@ def gradebook(results: list[NotebookResult]) -> tuple[list[str], list[tuple[str,
     """``(exercise columns, [(student id, {column: score})])``: one row per student, ids sorted.
 
     A student's notebooks (of different release notebooks: ids never collide,
-    :func:`vitlab.assignments.ids.student_ids`) share one row. Columns are the check names
+    :func:`vitlab_grader.ids.student_ids`) share one row. Columns are the check names
     in the order they first appear; a check that two release notebooks both assign gets a
     second column ``name (2)``. ``total`` is the sum of a row's scores.
     """

@@ -2,7 +2,7 @@
 
 A submission's own check cells are never trusted: :func:`plan` takes the submission's code
 cells, drops every check cell it has (tagged ``check`` or calling ``vitlab.checks``) and
-puts a grader's cell (:mod:`vitlab.assignments.harness`) where each of the release's check
+puts a grader's cell (:mod:`vitlab_grader.harness`) where each of the release's check
 cells is. What differs from the release is an *anomaly*: a check cell edited, missing,
 duplicated or added, its metadata changed (points, tags), a stamp that names another
 notebook. Anomalies never change a score; the report lists them.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitlab.assignments.exercises import (
+from vitlab_grader.exercises import (
     CHECK,
     AssignmentError,
     check_call,
@@ -31,11 +31,10 @@ from vitlab.assignments.exercises import (
     source,
     tags,
 )
+from vitlab_grader.ids import undecorated
 
 STAMP = "release"  # notebook metadata vitlab.release: the release notebook a student copy came from
 SHIPPED_LIMIT = 50 * 2**20  # bytes of other files a release folder may ship with its notebooks
-_COPY_SUFFIX = re.compile(r"( \(\d+\)|-\d+| - Copy)$")  # "09_pit (1)", "09_pit-2", "09_pit - Copy"
-_COPY_PREFIX = re.compile(r"^(Copy of )+", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -113,12 +112,6 @@ def read_release(sources: Iterable[str | Path]) -> list[Release]:
     return releases
 
 
-def _base_name(path: Path) -> str:
-    """``"09_pit"`` for ``Copy of 09_pit (1).ipynb``: the name without the copies' decorations."""
-    stem = _COPY_PREFIX.sub("", path.name.removesuffix(".ipynb")).strip()
-    return _COPY_SUFFIX.sub("", stem).strip()
-
-
 def match_release(path: Path, notebook: dict[str, Any], releases: list[Release]) -> tuple[Release | None, list[str]]:
     """The release notebook a submission answers, and the anomalies found on the way.
 
@@ -128,7 +121,7 @@ def match_release(path: Path, notebook: dict[str, Any], releases: list[Release])
     names another release notebook is an anomaly and never decides over the file name.
     """
     stamp = (notebook.get("metadata", {}).get("vitlab") or {}).get(STAMP)
-    base = _base_name(path)
+    base = undecorated(path.name)  # the student ids' rules: "Copy of 09_pit (1)" is "09_pit"
     by_name = sorted(
         (r for r in releases if base == Path(r.name).name or base.endswith(("_" + Path(r.name).name, " " + r.name))),
         key=lambda r: len(r.name), reverse=True,

@@ -2,10 +2,15 @@
 
 Usage (the grader)::
 
-    from vitlab.assignments.ids import StudentIdError, student_ids
+    from vitlab_grader.ids import StudentIdError, student_id, student_ids
 
     ids = student_ids(paths, root=submissions_folder)  # {path: "123456", ...}
     # raises StudentIdError (a ValueError) naming both files when two get the same id
+    student_id("subs/jane_doe_09_pit.ipynb")  # "jane_doe": one path, the same rules
+
+This module is the grader's only reader of names: :func:`undecorated` (the copy rules
+below) is also what :func:`vitlab_grader.release.match_release` uses to find the release
+notebook a file answers.
 
 ``source`` says where an id comes from:
 
@@ -42,8 +47,10 @@ Usage (the grader)::
    (``root/s1234/09_pit.ipynb`` is ``s1234``).
 4. **The file name** (``"file"``): the course's convention ``<id>_<NN>_<chapter>.ipynb``
    (``s1234_09_pit.ipynb`` is ``s1234``), else the whole name without ``.ipynb``.
-   Decorations that copying adds are removed first: ``Copy of `` (Google Drive),
-   `` (1)`` (browsers, Drive), `` - Copy`` (Windows), `` copy``/`` copy 2`` (macOS).
+   Decorations that copying adds are removed first (:func:`undecorated`): ``Copy of ``
+   (Google Drive), `` (1)`` (browsers, Drive), `` - Copy`` (Windows), `` copy``/`` copy 2``
+   (macOS), ``-1`` after a letter (Canvas's second file of one name; ``2024-0042`` keeps
+   its number).
 
 ``"pattern"`` (or any ``pattern`` given): the regular expression ``pattern`` is searched in
 the path relative to ``root`` (``/``-separated, ``.ipynb`` kept); the id is its group
@@ -75,11 +82,13 @@ _CANVAS = re.compile(
     r"^(?:(?!LATE_)(?P<name>[^\W_]+)_)?(?:LATE_)?(?P<id>\d+|anon_[A-Za-z0-9]+)_(?P<attachment>\d+)_(?P<rest>.+)$"
 )
 _CONVENTION = re.compile(r"^(?P<id>.+?)_\d{2}_[^_].*$")  # "s1234_09_pit" -> "s1234"
-_COPY_DECORATIONS = (
+# What copying a file adds to its name: the one set of rules for ids and for release names.
+COPY_DECORATIONS = (
     re.compile(r"^Copy of ", re.IGNORECASE),  # Google Drive
     re.compile(r" \(\d+\)$"),  # browsers, Google Drive: "09_pit (1)"
     re.compile(r" - Copy(?: \(\d+\))?$", re.IGNORECASE),  # Windows Explorer
-    re.compile(r" copy(?: \d+)?$", re.IGNORECASE),  # macOS Finder
+    re.compile(r" copy(?: \d+)?$", re.IGNORECASE),  # macOS Finder: "09_pit copy", "09_pit copy 2"
+    re.compile(r"(?<=[^\W\d_])-\d+$"),  # Canvas, a file submitted twice: "09_pit-1" (not "2024-0042")
 )
 
 
@@ -87,11 +96,12 @@ class StudentIdError(ValueError):
     """No student id can be found for a submission, or two submissions get the same one."""
 
 
-def _undecorated(stem: str) -> str:
-    """``stem`` without the decorations that copying a file adds (repeatedly: "Copy of x (1)")."""
+def undecorated(name: str) -> str:
+    """``name`` without ``.ipynb`` and what copying adds, repeatedly: ``Copy of 09_pit (1).ipynb`` is ``09_pit``."""
+    stem = _stem(name)
     while True:
         before = stem
-        for decoration in _COPY_DECORATIONS:
+        for decoration in COPY_DECORATIONS:
             stem = decoration.sub("", stem).strip()
         if stem == before:
             return stem
@@ -124,7 +134,7 @@ def _folder(parts: tuple[str, ...]) -> str | None:
 
 
 def _file(name: str) -> str | None:
-    stem = _undecorated(_stem(name))
+    stem = undecorated(name)
     match = _CONVENTION.match(stem)
     return (match.group("id") if match is not None else stem) or None
 
@@ -211,3 +221,15 @@ def student_ids(
         owner[found] = path
         ids[path] = found
     return ids
+
+
+def student_id(path: str | Path, *, source: str = "auto", pattern: str | None = None) -> str:
+    """The student id of one submission, read as :func:`student_ids` reads it (``root``: its folder).
+
+    ``jane_doe_09_pit.ipynb`` is ``jane_doe``; ``09_pit copy.ipynb`` is ``09_pit``.
+
+    Raises:
+        StudentIdError, ValueError: as :func:`student_ids`.
+    """
+    path = Path(path)
+    return student_ids([path], source=source, pattern=pattern)[path]
