@@ -17,7 +17,7 @@ XDIST  := -n $(PYTEST_WORKERS) --dist loadgroup
 help:
 	@echo "make install    create $(VENV) and install the requirements and vitlab (editable)"
 	@echo "make mathjax    install MathJax with npm ci and copy it into book/_static (the book serves it)"
-	@echo "make lint       ruff (lint + format) and pyright over vitlab, tests and benchmarks; ruff over the notebooks"
+	@echo "make lint       ruff (lint + format) and pyright over vitlab, grader, tests and benchmarks; ruff over the notebooks"
 	@echo "make test       lint, unit tests, the book build and every notebook against its stored outputs"
 	@echo "make test-fast  unit tests only (tests/), without the slow ones (book, browser, notebook runs, fresh venv)"
 	@echo "make test-gpu   the notebooks against their stored outputs on a CUDA GPU"
@@ -118,5 +118,5 @@ reading-times: $(STAMP)
 
 clean:
 	rm -rf _build .pytest_cache node_modules $(MATHJAX)
-	find vitlab tests notebooks -name __pycache__ -type d -prune -exec rm -rf {} +
+	find vitlab grader tests notebooks -name __pycache__ -type d -prune -exec rm -rf {} +
 	find notebooks -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
