@@ -35,7 +35,7 @@ def test_logits_shape_and_attention_maps() -> None:
     model = vitlab.create_model("vit_tiny_patch16_224", num_classes=10).eval()
     images = random_images(3)
     assert model(images).shape == (3, 10)
-    maps = model.get_attention_maps(images)
+    maps = [record.attn for record in vitlab.attention_maps(model, images)]
     assert len(maps) == 12 and maps[0].shape == (3, 3, 197, 197)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(3, 3, 197))
 
@@ -48,9 +48,12 @@ def test_sincos_position_embedding_is_a_fixed_buffer() -> None:
     assert vitlab.count_parameters(learned) - vitlab.count_parameters(model) == 197 * 192
 
 
-def test_mean_pool_head_runs() -> None:
-    model = vitlab.create_model("vit_tiny_patch16_224", global_pool="avg", num_classes=5).eval()
-    assert model(random_images(1)).shape == (1, 5)
+def test_mean_pool_matches_timm() -> None:
+    # timm's global_pool="avg": mean of the patch tokens, then fc_norm (norm is the identity).
+    # Depth cut to 2 and every weight perturbed, so a LayerNorm before the pooling shows.
+    reference = timm_model("vit_tiny_patch16_224", global_pool="avg", depth=2)
+    model = load_reference("vit_tiny_patch16_224", reference, global_pool="avg", depth=2)  # strict
+    assert_same_logits(model, reference, random_images(2), atol=1e-4)
 
 
 # ---------------------------------------------------------------- bad input
