@@ -65,6 +65,7 @@ def _check_maps(attn_maps: Sequence[Tensor]) -> None:
                 f"every map must have the shape of attn_maps[0], {tuple(first.shape)}; "
                 f"attn_maps[{index}] has {tuple(attn.shape)}"
             )
+    for index, attn in enumerate(attn_maps):  # shapes first: they name the list's mistake
         check_distribution(attn, f"attn_maps[{index}]")
 
 
@@ -119,7 +120,7 @@ def cls_rollout_map(rollout: Tensor, grid_size: tuple[int, int], num_prefix_toke
 def _grid_of(num_tokens: int) -> tuple[int, int]:
     """The prefix tokens (cls, dist: 1, 2 or none) before a square patch grid, and its side."""
     for prefix in (1, 2, 0):
-        side = math.isqrt(num_tokens - prefix)
+        side = math.isqrt(max(num_tokens - prefix, 0))
         if side > 0 and side * side == num_tokens - prefix:
             return prefix, side
     raise ValueError(f"cannot place {num_tokens} tokens on a square patch grid after 0, 1 or 2 prefix tokens")
