@@ -210,7 +210,7 @@ def test_fused_and_explicit_attention_agree(family: str, monkeypatch: pytest.Mon
         assert not calls, "set_fused_attention(model, False) leaves no fused call"
     for a, b in zip(fused, explicit, strict=True):
         assert a.std() > 1e-2  # not a constant output, which any two paths would agree on
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- attention maps: labels, one pass, no side effects
