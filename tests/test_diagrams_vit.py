@@ -48,9 +48,9 @@ def test_attention_figure_numbers(name: str) -> None:
     image = torch.zeros(1, cfg.in_chans, cfg.img_size, cfg.img_size)
     with torch.no_grad():
         tokens = model.embed(image)
-        maps = model.get_attention_maps(image)
+        _, attn_map = attn(model.blocks[0].norm1(tokens), return_attn=True)  # block 0's own map
     _, n_tokens, width = tokens.shape
-    _, heads, _, _ = maps[0].shape
+    _, heads, _, _ = attn_map.shape
     texts = attention_figure(name).texts
     assert f"qkv: Linear {width} → {attn.qkv.out_features}" in texts
     assert f"{n_tokens} × {width // heads}" in texts  # one head's q, k, v

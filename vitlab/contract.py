@@ -6,13 +6,15 @@ family, and :mod:`vitlab.rollout` and :mod:`vitlab.family` rely on it (no ``hasa
 are distributions). :class:`FamilyProperties` is what each paper file states about its
 family in ``FAMILY``.
 
-Speed paths. Every layer with code that only makes it faster (PyTorch's fused attention
-kernel, CaiT's one-kernel head mixing, LeViT's CPU kernel choice and cached bias) has a
-bool attribute ``fused_attn``: ``True`` (the default) takes the speed path, ``False`` the
-readable one, the paper's formula written out. :func:`vitlab.set_fused_attention` with
-``False`` turns every one of them off, so a student stepping through a model sees only
-the formula; both give the same outputs (``tests/test_contract.py``). In each model file
-the speed code sits in one marked section after the readable code.
+Speed paths. The only code in the package that exists to make a model faster is PyTorch's
+fused attention kernel, :func:`torch.nn.functional.scaled_dot_product_attention`. Every
+attention layer that can use it has a bool attribute ``fused_attn``: ``True`` (the
+default) calls the kernel, ``False`` takes the explicit path, ``softmax(q k^T * scale) v``
+written out. :func:`vitlab.set_fused_attention` switches every such layer of a model at
+once, and both paths give the same outputs for every family (``tests/test_contract.py``).
+Layers whose paper changes the softmax itself (DeepViT's re-attention, CaiT's talking
+heads) have only the explicit path. The maps of :func:`vitlab.attention_maps` always
+come from the explicit path (``return_attn=True``).
 """
 
 from __future__ import annotations
@@ -63,20 +65,16 @@ class VisionModel(Protocol):
 
     * ``forward_features(x)``: the tokens after the final norm, not pooled: ``(B, N, D)``;
       one tensor per branch for a multi-branch model (CrossViT, a list); the last stage's
-      tokens for a staged model (PiT, LeViT, CvT).
+      tokens for a staged model (PiT, LeViT, CvT). (A mean-pooled ViT normalises after the
+      pooling, as timm: its ``norm`` is the identity and ``forward_head`` has ``fc_norm``.)
     * ``forward_head(features, pre_logits=False)``: features -> logits; with
       ``pre_logits=True`` the pooled vector the classifier reads, ``(B, D)``.
     * ``forward(x) == forward_head(forward_features(x))`` (in eval mode; a distilled model
       returns a pair of logits in training mode, as its ``forward``).
-    * ``get_attention_maps(x)``: one ``(B, heads, N_q, N_k)`` tensor per attention layer, in
-      forward order: the map the layer multiplies its values with (the explicit path's
-      softmax output, or for re-attention and talking heads the heads' mix of it, whose
-      rows are not distributions). Each model's docstring says what the rows (queries) and
-      columns (keys) index. The maps are collected during one ``forward(x)`` on the
-      explicit path (no module runs more often than there), in eval mode and without
-      gradients; the model's modes, parameters and BatchNorm statistics are left as they
-      were. :func:`vitlab.attention_maps` returns the same maps as
-      :class:`AttentionMap` records, labelled with their layer and kind.
+    * attention maps: every attention layer declares ``attn_kind`` and accepts
+      ``return_attn=True``, so :func:`vitlab.attention_maps` collects one
+      :class:`AttentionMap` per layer call, in forward order. Each model's docstring says
+      what its maps' rows (queries) and columns (keys) index.
 
     Shape: x (B, C, H, W).
     """
@@ -84,8 +82,6 @@ class VisionModel(Protocol):
     def forward_features(self, x: Tensor) -> Any: ...
 
     def forward_head(self, x: Any, pre_logits: bool = False) -> Any: ...
-
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]: ...
 
     def __call__(self, x: Tensor) -> Any: ...
 
@@ -118,9 +114,8 @@ class FamilyInfo:
         token_mixers: the layer classes that mix tokens (each reads "the tokens of a
             stage"; :func:`vitlab.family.attention_token_counts` hooks them).
         tiny: ``(preset, overrides)`` of the teaching-size model for 32 px digits.
-        rollout: how :func:`vitlab.rollout.model_rollout` reads the family's attention maps:
-            ``"blocks"`` (square maps, the last stage's rolled out), ``"class_attention"``
-            (CaiT), ``"cross_attention"`` (CrossViT) or ``"squeezed_keys"`` (CvT).
+        rollout: no longer read (:func:`vitlab.rollout.model_rollout` reads square
+            self-attention maps only); goes once no model file sets it.
         benchmark_preset: the preset ``benchmarks/throughput.py --all`` times against the
             family's reference (timm, or HuggingFace where the file has only ``convert_hf``);
             ``None`` for a family without a reference.

@@ -6,15 +6,12 @@ the model it names (shapes traced with :func:`trace_preset`), never typed by han
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 import vitlab
 from vitlab.diagrams._style import Diagram, shape_label
 from vitlab.diagrams._trace import trace_preset
 from vitlab.layers import patchify
-from vitlab.models.vit import ViT
 
 
 def patches_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
@@ -59,7 +56,7 @@ def attention_figure(name: str = "vit_small_patch16_224") -> Diagram:
     tokens, width = shapes["blocks.0.norm1"][1:]
     qkv_width = shapes["blocks.0.attn.qkv"][-1]
     with torch.no_grad():
-        attn_map = cast(ViT, model).get_attention_maps(torch.zeros(size, device="meta"))[0]  # (1, h, N, N)
+        attn_map = vitlab.attention_maps(model, torch.zeros(size, device="meta"))[0].attn  # (1, h, N, N)
     heads, n_query, n_key = attn_map.shape[1:]
     head_dim = width // heads
 

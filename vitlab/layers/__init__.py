@@ -1,7 +1,7 @@
 """Shared building blocks. Models compose these; a paper's own layer lives in its model file."""
 
 from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention, with_attn
-from vitlab.layers.block import Block, collect_attention_maps, drop_path_rates, encoder_blocks
+from vitlab.layers.block import Block, drop_path_rates, encoder_blocks
 from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers.drop_path import DropPath, drop_path
 from vitlab.layers.head import check_num_classes, classifier_head
@@ -37,7 +37,6 @@ __all__ = [
     "check_num_classes",
     "check_patch_encoder_config",
     "classifier_head",
-    "collect_attention_maps",
     "conv_output_size",
     "drop_path",
     "drop_path_rates",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from torch import Tensor, nn
 
 from vitlab.layers.attention import Attention, with_attn
@@ -127,18 +125,3 @@ def encoder_blocks(
             for rate in drop_path_rates(drop_path_rate, depth)
         ]
     )
-
-
-def collect_attention_maps(x: Tensor, blocks: Iterable[nn.Module]) -> list[Tensor]:
-    """Run tokens through ``blocks`` on the explicit path, keeping every attention map.
-
-    The blocks run in the mode they are in (dropout in training mode). A whole model's maps,
-    in eval mode and labelled, come from :func:`vitlab.attention_maps`.
-
-    Shape: x (B, N, C) -> depth x (B, h, N, N).
-    """
-    maps = []
-    for block in blocks:
-        x, attn = block(x, return_attn=True)
-        maps.append(attn)
-    return maps

@@ -2,7 +2,7 @@
 
 Reads top to bottom: config -> model -> paper presets -> timm weight conversion.
 Attribute names follow timm (``patch_embed``, ``cls_token``, ``pos_embed``, ``blocks``,
-``norm``, ``head``), so timm's weights load with no renames.
+``norm``, ``fc_norm``, ``head``), so timm's weights load with no renames.
 
 DeiT (chapter 4, :mod:`vitlab.models.deit`) is this model with ``distilled=True``: a
 second learned token, ``dist_token``, right after the cls token, and a second head,
@@ -19,7 +19,6 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -48,7 +47,7 @@ class ViTConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     class_token: bool = True
-    global_pool: Literal["token", "avg"] = "token"
+    global_pool: Literal["token", "avg"] = "token"  # "avg": mean of the patch tokens, then fc_norm (timm)
     pos_embed: Literal["learned", "sincos"] = "learned"
     distilled: bool = False  # DeiT: + distillation token, + head_dist
     drop_rate: float = 0.0
@@ -94,7 +93,16 @@ class ViTConfig:
 
 class ViT(nn.Module):
     """Vision Transformer: patch embedding, [cls] token, position embedding, pre-norm
-    encoder blocks, final LayerNorm, linear head on the cls token (or the mean token).
+    encoder blocks, final LayerNorm, linear head on the cls token.
+
+    With ``global_pool="avg"`` the head reads the mean of the patch tokens instead, and
+    the final LayerNorm moves after the pooling (timm's layout and names: ``norm`` is
+    then the identity and ``fc_norm`` the LayerNorm; with ``"token"`` it is the other
+    way round), so timm's mean-pooled ViTs load with no renames.
+
+    Attention maps (:func:`vitlab.attention_maps`): one per block, each
+    ``(B, h, prefix + N, prefix + N)``; rows (queries) and columns (keys) index the same
+    tokens, ``[cls, (dist,) patches]``, with the patches in row-major grid order.
 
     A distilled model (DeiT⚗) returns ``(cls_logits, dist_logits)`` in training mode, so a
     distillation loss can supervise each head, and their mean in eval mode, as the
@@ -132,7 +140,11 @@ class ViT(nn.Module):
             drop_path_rate=config.drop_path_rate,
             fused_attn=config.fused_attn,
         )
-        self.norm = nn.LayerNorm(D, eps=1e-6)
+        # The final LayerNorm: on every token before the pooling ("token"), or on the pooled
+        # vector after it ("avg"), as timm (``norm`` / ``fc_norm``, the other one the identity).
+        avg = config.global_pool == "avg"
+        self.norm = nn.Identity() if avg else nn.LayerNorm(D, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(D, eps=1e-6) if avg else nn.Identity()
         self.head_drop = nn.Dropout(config.drop_rate)
         self.head = classifier_head(D, config.num_classes)
         self.head_dist = classifier_head(D, config.num_classes) if config.distilled else None  # DeiT
@@ -150,11 +162,14 @@ class ViT(nn.Module):
         return self.pos_drop(x + self.pos_embed)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Shape: x (B, C, H, W) -> (B, prefix + N, D), after the final norm."""
+        """The tokens after the last block and ``norm`` (the identity with ``global_pool="avg"``).
+
+        Shape: x (B, C, H, W) -> (B, prefix + N, D)."""
         return self.norm(self.blocks(self.embed(x)))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Pool the tokens (cls token or mean of the patch tokens) and classify.
+        """Pool the tokens (the cls token, or the mean of the patch tokens followed by
+        ``fc_norm``) and classify.
 
         A distilled model also classifies the dist token with ``head_dist``; with
         ``pre_logits`` it returns the mean of the cls and dist tokens (as timm).
@@ -163,7 +178,7 @@ class ViT(nn.Module):
         or the pooled (B, D) with ``pre_logits``.
         """
         if self.config.global_pool == "avg":
-            x_cls = x[:, self.num_prefix_tokens :].mean(dim=1)
+            x_cls = self.fc_norm(x[:, self.num_prefix_tokens :].mean(dim=1))  # (B, D): pool, then norm
         else:
             x_cls = x[:, 0]
         x_cls = self.head_drop(x_cls)
@@ -183,16 +198,6 @@ class ViT(nn.Module):
     def forward(self, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         """Shape: x (B, C, H, W) -> (B, num_classes) [or a pair, see the class docstring]."""
         return self.forward_head(self.forward_features(x))
-
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Attention maps of every block (explicit path), collected during one forward pass
-        (:func:`~vitlab.attention_maps`: eval mode, the model left as it was).
-        Rows (queries) and columns (keys) index the same tokens, ``[cls, (dist,) patches]``
-        with the patches in row-major grid order.
-
-        Shape: x (B, C, H, W) -> depth x (B, h, prefix + N, prefix + N).
-        """
-        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, ViTConfig] = {
