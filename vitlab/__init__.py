@@ -5,9 +5,9 @@ names and meanings): ``forward_features(x)`` returns the tokens after the final 
 pooled (one tensor per branch for CrossViT, the last stage's tokens for PiT, LeViT and CvT);
 ``forward_head(features, pre_logits=False)`` turns them into logits (or, with
 ``pre_logits``, into the pooled vector the classifier reads); ``forward(x)`` equals
-``forward_head(forward_features(x))`` in eval mode; and ``get_attention_maps(x)`` returns
-one ``(B, heads, N_q, N_k)`` map per attention layer in forward order, each model's
-docstring saying what its rows and columns index. Each paper file also declares its
+``forward_head(forward_features(x))`` in eval mode; and :func:`vitlab.attention_maps`
+returns one labelled ``(B, heads, N_q, N_k)`` map per attention layer in forward order,
+each model's docstring saying what its rows and columns index. Each paper file also declares its
 ``FAMILY`` (:class:`vitlab.contract.FamilyInfo`), from which :mod:`vitlab.family` builds its
 tables. ``tests/test_contract.py`` checks all of it for every family.
 
