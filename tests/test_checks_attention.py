@@ -140,6 +140,13 @@ def test_cross_known_wrong_answer_fails_with_its_message(
     assert_named_mistake(capsys, CROSS, fn, words, pitfall)
 
 
+@pytest.mark.parametrize("d", [4, 8, 16])
+def test_cross_scale_from_a_notebook_variable_is_named(capsys: pytest.CaptureFixture[str], d: int) -> None:
+    """A scale fixed by a notebook's earlier ``d`` (4 in chapter 2) is not called "the value width"."""
+    result, line = run(capsys, CROSS, lambda q, k, v, n: cross_with(q, k, v, n, scale=d**-0.5))
+    assert not result and f"the scale is {d}**-0.5 in every case" in line and "value width" not in line, line
+
+
 def test_cross_random_answer_fails(capsys: pytest.CaptureFixture[str]) -> None:
     result, line = run(capsys, CROSS, lambda q, k, v, n: torch.randn(*q.shape[:-1], v.shape[-1]))
     assert not result and "values differ from the reference" in line

@@ -1,4 +1,4 @@
-"""vitlab.checks.encoder_block_macs and attention_macs: a right answer passes, each known
+"""vitlab.checks.encoder_block_macs, attention_macs and fusion_macs: a right answer passes, each known
 mistake is named, and the references are what vitlab.family.count_macs measures.
 """
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+import vitlab
 from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from vitlab.checks import family as family_checks
 from vitlab.family import count_macs
@@ -129,3 +130,79 @@ def test_broken_answers_fail_without_raising(
 def test_unexplained_wrong_answers_say_what_differs(capsys: pytest.CaptureFixture[str]) -> None:
     result, line = run(capsys, "attention_macs", lambda *a: attention_ok(*a) + 1)
     assert not result and re.search(r"\[case 1/6: .+\]: expected \S+, got \S+$", line), line
+
+
+# ---------------------------------------------------------------- fusion_macs (CrossViT chapter)
+
+MACS = "fusion_macs"
+
+
+def macs_by_layer(n_s: int, n_l: int, c_s: int, c_l: int) -> int:
+    """Written independently: a list of (rows, inner, cols) products per direction."""
+    total = 0
+    for c_i, c_j, n_j in ((c_s, c_l, n_l), (c_l, c_s, n_s)):
+        t = 1 + n_j  # keys: the projected cls token and branch j's patches
+        products = [(1, c_i, c_j), (1, c_j, c_j), (t, c_j, c_j), (t, c_j, c_j), (1, c_j, t), (1, t, c_j)]
+        products += [(1, c_j, c_j), (1, c_j, c_i)]  # output projection, g
+        total += sum(a * b * c for a, b, c in products)
+    return total
+
+
+def macs_factored(n_s: int, n_l: int, c_s: int, c_l: int) -> int:
+    """A second style: grouped by what each term depends on."""
+    return 4 * c_s * c_l + sum(2 * c * c * (n + 2) + 2 * c * (n + 1) for n, c in ((n_l, c_l), (n_s, c_s)))
+
+
+@pytest.mark.parametrize("solution", [macs_by_layer, macs_factored], ids=["by_layer", "factored"])
+def test_fusion_macs_right_answers_pass(capsys: pytest.CaptureFixture[str], solution: Any) -> None:
+    assert_passes(capsys, MACS, solution)
+
+
+def _macs_without(n_s: int, n_l: int, c_s: int, c_l: int, **drop: bool) -> int:
+    """macs_by_layer with parts left out or changed; the keywords make known mistakes."""
+    total = 0
+    for c_i, c_j, n_j, n_own in ((c_s, c_l, n_l, n_s), (c_l, c_s, n_s, n_l)):
+        n = n_own if drop.get("swap") else n_j
+        t = n if drop.get("no_query_key") else 1 + n
+        queries = t if drop.get("all_queries") else 1
+        total += 0 if drop.get("no_fg") else 2 * c_i * c_j
+        total += queries * c_j * c_j + 2 * t * c_j * c_j + 2 * queries * t * c_j
+        total += 0 if drop.get("no_wo") else queries * c_j * c_j
+        if drop.get("one_direction"):
+            break
+    return 2 * total if drop.get("flops") else total
+
+
+MACS_WRONG = [
+    W(lambda *a: _macs_without(*a, flops=True), "these are FLOPs", id="flops"),
+    W(lambda *a: _macs_without(*a, one_direction=True), "only one direction", id="one_direction"),
+    W(lambda *a: _macs_without(*a, no_fg=True), "f and g are not counted", id="no_f_g"),
+    W(lambda *a: _macs_without(*a, no_query_key=True), "left out of the keys", id="query_not_a_key"),
+    W(lambda *a: _macs_without(*a, all_queries=True), "counted as a query", id="every_token_a_query"),
+    W(lambda *a: _macs_without(*a, swap=True), "paired with the wrong branch", id="swapped_token_counts"),
+    W(lambda *a: _macs_without(*a, no_wo=True), "output projection wo is missing", id="no_wo"),
+]
+
+
+@pytest.mark.parametrize(("fn", "words"), MACS_WRONG)
+def test_fusion_macs_known_mistakes_are_named(capsys: pytest.CaptureFixture[str], fn: Any, words: str) -> None:
+    assert_named_mistake(capsys, MACS, fn, words)
+
+
+def test_fusion_macs_random_answer_fails_unnamed(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, MACS, lambda *a: 123_456_789 + sum(a))
+    assert not result and result.pitfall is None and "known mistake" not in line
+
+
+@pytest.mark.parametrize("name", ["crossvit_tiny_240", "crossvit_small_240", "crossvit_18_240"])
+def test_fusion_macs_is_what_the_counter_measures(name: str) -> None:
+    """The reference equals torch's FLOP counter (halved) on vitlab's fusion: f, attention, g."""
+    model = vitlab.create_model(name, num_encoders=1).eval()
+    vitlab.set_fused_attention(model, False)  # the counter has no formula for the fused CPU kernel
+    block = model.blocks[0]
+    block.blocks = nn.ModuleList([nn.Identity(), nn.Identity()])  # the fusion alone
+    (c_s, c_l), (n_s, n_l) = model.config.embed_dim, model.config.num_patches
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        block([torch.zeros(1, 1 + n_s, c_s), torch.zeros(1, 1 + n_l, c_l)])
+    assert counter.get_total_flops() // 2 == family_checks._fusion_macs(n_s, n_l, c_s, c_l)

@@ -13,6 +13,7 @@ from torch import Tensor
 import vitlab
 from conftest import run as check_line
 from vitlab.checks import CheckResult
+from vitlab.checks.levit import _shrink_index
 
 
 def index_by_loops(resolution: int, stride: int) -> Tensor:
@@ -103,6 +104,14 @@ def test_the_reference_is_the_models_index() -> None:
     for stage, side in zip(model.stages[1:], (14, 7), strict=True):
         layer = stage.downsample.attn_downsample
         torch.testing.assert_close(index_by_loops(side, 2), layer.attention_bias_idxs)
+        torch.testing.assert_close(_shrink_index(side, 2), layer.attention_bias_idxs)  # written in the check
+
+
+def test_uint8_indices_are_named_a_mask(capsys: pytest.CaptureFixture[str]) -> None:
+    result, line = run(capsys, lambda r, s: index_by_loops(r, s).to(torch.uint8))
+    assert not result.passed and "torch.uint8, which PyTorch reads as a mask" in line, line
+    result, line = run(capsys, lambda r, s: index_by_loops(r, s).to(torch.int16))
+    assert not result.passed and "indexes with torch.long" in line, line
 
 
 def test_not_implemented_and_crash(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,7 @@
-"""vitlab.checks.warmup_cosine and attention_rollout: a right answer passes, each known mistake is named.
+"""vitlab.checks.warmup_cosine and mean_pool_rollout: a right answer passes, each known mistake is named.
 
 The "student" functions are written independently of the checks' references (other ops, other
-groupings); the references are vitlab.train.warmup_cosine and vitlab.rollout.attention_rollout.
+groupings); the references are checked against vitlab.train.warmup_cosine and vitlab.rollout.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 
-NAMES = ["warmup_cosine", "attention_rollout"]
+NAMES = ["warmup_cosine", "mean_pool_rollout"]
 
 # ---------------------------------------------------------------- right answers
 
@@ -41,7 +41,12 @@ def rollout_ok(maps: list[Tensor]) -> Tensor:
     return functools.reduce(lambda r, m: torch.bmm(m, r), residual_maps(maps))
 
 
-SOLUTIONS: dict[str, Callable[..., Any]] = {"warmup_cosine": schedule_ok, "attention_rollout": rollout_ok}
+def mean_pool_ok(maps: list[Tensor]) -> Tensor:
+    R = rollout_ok(maps)
+    return R.sum(dim=1) / R.shape[1]
+
+
+SOLUTIONS: dict[str, Callable[..., Any]] = {"warmup_cosine": schedule_ok, "mean_pool_rollout": mean_pool_ok}
 
 # ---------------------------------------------------------------- known wrong answers
 
@@ -62,11 +67,6 @@ def half_cos(t: float) -> float:
     return (1 + math.cos(math.pi * min(t, 1.0))) / 2
 
 
-def max_fusion(maps: list[Tensor]) -> Tensor:
-    mats = [a.max(1).values + torch.eye(a.shape[-1]) for a in maps]  # rows no longer sum to 2: renormalise
-    return functools.reduce(lambda r, m: m @ r, [m / m.sum(-1, keepdim=True) for m in mats])
-
-
 W = pytest.param  # (check, student function, words the message must contain)
 WRONG = [
     W("warmup_cosine", schedule_with(warmup=lambda s, w: s / w), "the first step does not train", id="from_zero"),
@@ -80,19 +80,16 @@ WRONG = [
       id="no_min_ratio"),
     W("warmup_cosine", lambda s, *, total_steps, warmup_steps, min_ratio=0.0: schedule_ok(
         s, total_steps=total_steps, warmup_steps=0, min_ratio=min_ratio), "there is no warmup", id="no_warmup"),
-    W("attention_rollout", lambda maps: functools.reduce(lambda r, a: a @ r, [a.mean(1) for a in maps]),
+    W("mean_pool_rollout", lambda maps: rollout_ok(maps)[:, 0], "the class token's rollout", id="class_row"),
+    W("mean_pool_rollout", lambda maps: rollout_ok(maps).mean(dim=-1), "the columns are averaged", id="columns"),
+    W("mean_pool_rollout", lambda maps: functools.reduce(lambda r, a: a @ r, [a.mean(1) for a in maps]).mean(1),
       "the residual is left out", id="no_residual"),
-    W("attention_rollout", lambda maps: functools.reduce(torch.bmm, residual_maps(maps)), "the wrong order",
+    W("mean_pool_rollout", lambda maps: functools.reduce(torch.bmm, residual_maps(maps)).mean(1), "wrong order",
       id="order"),
-    W("attention_rollout", lambda maps: functools.reduce(lambda r, m: m @ r, residual_maps(maps, renormalise=False)),
-      "without renormalising", id="no_renormalisation"),
-    W("attention_rollout", lambda maps: max_fusion(maps), "fused by their maximum", id="max_fusion"),
-    W("attention_rollout", lambda maps: sum(residual_maps(maps)) / len(maps), "averaged; rollout multiplies",
-      id="layer_mean"),
-    W("attention_rollout", lambda maps: residual_maps(maps)[-1], "only the last block", id="last_only"),
-    W("attention_rollout", lambda maps: functools.reduce(
+    W("mean_pool_rollout", lambda maps: residual_maps(maps)[-1].mean(1), "only the last block", id="last_only"),
+    W("mean_pool_rollout", lambda maps: functools.reduce(
         lambda r, a: (a + torch.eye(a.shape[-1])) / 2 @ r, maps[1:], (maps[0] + torch.eye(maps[0].shape[-1])) / 2
-    ).mean(1), "each head is rolled out on its own", id="per_head"),
+    ).mean(1).mean(1), "each head is rolled out on its own", id="per_head"),
 ]  # fmt: skip
 
 
@@ -118,7 +115,7 @@ def test_crash_wrong_type_and_missing_return_fail(capsys: pytest.CaptureFixture[
                                        line)  # fmt: skip
     result, line = run(capsys, name, lambda *args, **kwargs: torch.zeros(3, 1))
     assert not result and line.endswith(
-        "expected shape (1, 3, 3), got (3, 1)" if name == "attention_rollout" else "got a tensor of shape (3, 1)"
+        "expected shape (1, 4), got (3, 1)" if name == "mean_pool_rollout" else "got a tensor of shape (3, 1)"
     )
     result, line = run(capsys, name, lambda *args, **kwargs: None)
     assert not result and line.endswith("returned None (is a `return` missing?)")
@@ -131,7 +128,7 @@ def test_the_schedule_keywords_are_required(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_unexplained_wrong_answers_say_what_differs(capsys: pytest.CaptureFixture[str]) -> None:
-    result, line = run(capsys, "attention_rollout", lambda maps: rollout_ok(maps) + 0.01)
+    result, line = run(capsys, "mean_pool_rollout", lambda maps: mean_pool_ok(maps) + 0.01)
     assert not result and "values differ from the reference: max error" in line
     result, line = run(capsys, "warmup_cosine", lambda step, **kwargs: schedule_ok(step, **kwargs) + 0.1)
     assert not result and re.search(r"\[case 1/\d+: step=0, .+\]: expected \S+, got \S+$", line), line
@@ -167,5 +164,19 @@ def test_a_schedule_that_is_off_still_fails(capsys: pytest.CaptureFixture[str], 
 
 def test_checks_leave_the_global_rng_alone(capsys: pytest.CaptureFixture[str]) -> None:
     state = torch.random.get_rng_state()
-    run(capsys, "attention_rollout", rollout_ok)
+    run(capsys, "mean_pool_rollout", mean_pool_ok)
     assert torch.equal(state, torch.random.get_rng_state())
+
+
+def test_the_references_are_vitlabs_schedule_and_rollout() -> None:
+    """The references written in the checks agree with vitlab.train.warmup_cosine and vitlab.rollout."""
+    from vitlab.checks import training
+    from vitlab.rollout import attention_rollout
+    from vitlab.train import warmup_cosine
+
+    for total, warmup, low in training._SCHEDULES:
+        for step in range(total + 1):
+            kwargs = {"total_steps": total, "warmup_steps": warmup, "min_ratio": low}
+            assert training._warmup_cosine(step, **kwargs) == warmup_cosine(step, **kwargs)
+    maps = [torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(i)).softmax(-1) for i in range(3)]
+    torch.testing.assert_close(training._mean_pool_relevance(maps), attention_rollout(maps).mean(dim=1))

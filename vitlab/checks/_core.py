@@ -58,6 +58,7 @@ Status = Literal["passed", "failed", "not implemented"]
 DATA_MIME = "application/vnd.vitlab.check+json"  # the MIME type of a result as data
 DATA_VERSION = 1  # the version of CheckResult.to_dict's layout
 DATA_ENV = "VITLAB_CHECK_DATA"  # "1": show results as display data (see the module docstring)
+DETACHED = "detached: no gradient reaches the inputs"  # Answers.gradient for an answer autograd cannot reach
 
 
 # The two classic slips of folding a token sequence (B, H*W, C) into a map (B, C, H, W),
@@ -199,6 +200,10 @@ class Expect:
     integer: bool = False
     rtol: float = 1e-4
     atol: float = 1e-5
+    index: bool = False  # an index tensor: torch.long or torch.int only (uint8 and bool index as masks)
+
+
+WHOLE = Expect(kind="number", integer=True, rtol=0.0, atol=1e-9)  # a count: exactly a whole number
 
 
 @dataclass(frozen=True)
@@ -393,8 +398,10 @@ def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
         return None  # reported by the run without gradients
     except Exception as exc:  # noqa: BLE001
         return f"with inputs that require gradients it raised {_exception(exc)}"
+    if isinstance(value, Tensor) and value.is_floating_point() and not value.requires_grad:
+        return DETACHED  # a failure only where the reference carries a gradient (evaluate decides)
     if not (isinstance(value, Tensor) and value.requires_grad):
-        return None  # nothing to differentiate: a count, or an answer computed without autograd
+        return None  # nothing to differentiate: a count
     try:
         value.sum().backward()
     except Exception as exc:  # noqa: BLE001
@@ -439,6 +446,13 @@ def _tensor_problem(got: Any, expected: Tensor, expect: Expect) -> str | None:
         return f"expected shape {shape(expected)}, got {shape(got)}"
     if expect.integer and (got.is_floating_point() or got.is_complex()):
         return f"expected an integer tensor (e.g. torch.long), got {got.dtype}"
+    if expect.index and got.dtype in (torch.uint8, torch.bool):
+        return (
+            f"the indices are {got.dtype}, which PyTorch reads as a mask, not as positions (bias[:, idx] "
+            "would pick entries by True/False); return torch.long"
+        )
+    if expect.index and got.dtype not in (torch.long, torch.int):
+        return f"the indices are {got.dtype}; PyTorch indexes with torch.long (or torch.int): return torch.long"
     g = got.detach().cpu().double()
     e = expected.detach().cpu().double()
     close = torch.isclose(g, e, rtol=expect.rtol, atol=expect.atol, equal_nan=True)
@@ -463,6 +477,16 @@ def problem(got: Any, expected: Any, expect: Expect) -> str | None:
     if expect.kind == "number":
         return _number_problem(got, float(expected), expect)
     return _tensor_problem(got, expected, expect)
+
+
+def _carries_gradient(fn: Callable[..., Any], case: Case) -> bool:
+    """Whether ``fn``'s output on the case, its float inputs requiring gradients, is differentiable."""
+    args, kwargs = _clone(case.args), _clone(case.kwargs)
+    for tensor in _float_tensors((args, kwargs)):
+        tensor.requires_grad_(True)
+    with torch.enable_grad():
+        value = fn(*args, **kwargs)
+    return isinstance(value, Tensor) and value.requires_grad
 
 
 def _call(fn: Callable[..., Any], case: Case) -> Any:
@@ -545,6 +569,13 @@ def evaluate(spec: CheckSpec, answers: Answers) -> CheckResult:
         what = differs
         if what is None and found.changed:
             what = _changed_message(found.changed)
+        elif what is None and answers.gradient == DETACHED and number == answers.gradient_case:
+            if _carries_gradient(spec.reference, case):
+                what = (
+                    f"{DETACHED}: the answer was computed under torch.no_grad(), detached, or rebuilt with "
+                    "torch.tensor(...), so a model could not train through it; compute it with torch operations"
+                )
+                where = f"{where}, with gradients"
         elif what is None and answers.gradient is not None and number == answers.gradient_case:
             what = f"{answers.gradient} (an in-place operation on a tensor that autograd needs breaks training)"
             where = f"{where}, with gradients"

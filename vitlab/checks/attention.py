@@ -10,12 +10,11 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import NAIVE_SOFTMAX, Case, CheckResult, KnownWrong, naive_softmax_of, randn, run_check, shape
-from vitlab.layers.attention import explicit_attention
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """vitlab's explicit path: softmax(q k^T * d**-0.5, masked) v."""
-    return explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask)[0]
+    """softmax(q k^T * d**-0.5, masked) v."""
+    return _attention(q, k, v, mask)
 
 
 def _attention(
@@ -84,13 +83,9 @@ _ATTENTION_WRONGS = (
 
 
 def scaled_dot_product_attention(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(q, k, v, mask=None) -> out`` (a fixed signature graders rely on).
+    """Check ``fn(q, k, v, mask=None) -> out``: ``softmax(q k^T / sqrt(d)) v``, boolean ``mask`` True = attend.
 
-    ``softmax(q k^T / sqrt(d)) v``; ``mask`` is boolean, broadcastable to (B, h, N, N),
-    ``True`` = attend (every query keeps at least one key here). The mask cases pass it
-    as ``mask=``; the others leave it out. The last case has logits far beyond 88, where
-    ``exp`` overflows in float32: a softmax written as ``exp(x) / sum(exp(x))`` gives NaN
-    there (subtract each row's max first, as ``torch.softmax`` does).
+    The last case has logits past 88, where a softmax written as ``exp(x) / sum(exp(x))`` overflows.
 
     Shape: q, k, v (B, h, N, d), mask (B, h, N, N) or broadcastable -> (B, h, N, d).
     """
@@ -116,10 +111,7 @@ def scaled_dot_product_attention(fn: Callable[..., Any]) -> CheckResult:
 
 
 def split_heads(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(x, num_heads) -> heads``: split the channels into ``h`` heads of ``d = C/h``.
-
-    Head ``g`` gets channels ``g*d ... (g+1)*d - 1``, i.e. ``(h d)`` as timm's ``qkv``
-    layout: ``rearrange(x, "B N (h d) -> B h N d", h=num_heads)``.
+    """Check ``fn(x, num_heads) -> heads``: ``rearrange(x, "B N (h d) -> B h N d", h=num_heads)``.
 
     Shape: x (B, N, C), num_heads int -> (B, h, N, d).
     """
@@ -181,16 +173,9 @@ _QKV_WRONGS = (
 
 
 def qkv_weight_from_jax(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(query, key, value) -> weight``: the original ViT's attention kernels as one fused ``qkv``.
+    """Check ``fn(query, key, value) -> weight``: the JAX ViT's ``(C, h, d)`` kernels as one fused ``qkv``.
 
-    The JAX ViT (flax ``MultiHeadDotProductAttention``) has three projections whose kernels
-    have the shape ``(C, h, d)`` (input features, heads, head width): ``q[b, n, g, :] =
-    x[b, n] @ query[:, g, :]``. ``fn`` returns the weight of the fused
-    ``nn.Linear(C, 3 * C)`` of :class:`vitlab.layers.Attention`, ``(out_features,
-    in_features)``, with the output features in ``(qkv h d)`` order, so that the linear
-    layer computes the same q, k and v. Names the interleaved ``(h d qkv)`` order
-    (pitfall 5), a ``(d h)`` order inside a block, a reshape in place of the transpose
-    and swapped blocks.
+    The weight of ``nn.Linear(C, 3 * C)``, ``(out, in)``, output features in ``(qkv h d)`` order.
 
     Shape: query, key, value (C, h, d) each -> (3 * C, C).
     """
@@ -211,7 +196,7 @@ def _padded_cross(
     naive_softmax: bool = False,
 ) -> Tensor:  # fmt: skip
     """Cross-attention with a key padding mask; the defaults give the right answer, the knobs the wrong ones."""
-    width = q.shape[-1] if scale_width == "qk" else v.shape[-1]
+    width = q.shape[-1] if scale_width == "qk" else v.shape[-1] if scale_width == "v" else int(scale_width)
     logits = q @ k.transpose(-2, -1) * width**-0.5  # (B, h, M, N)
     real = torch.arange(k.shape[-2]) < key_lengths[:, None] + extra_key  # (B, N): the real keys
     mask = real[:, None, None, :]  # (B, 1, 1, N): over heads and queries
@@ -254,20 +239,21 @@ _CROSS_WRONGS = (
         "logits with float('-inf') before the softmax", mask_after=True,
     ),
     _cross_wrong(NAIVE_SOFTMAX, naive_softmax=True),
+    *(
+        _cross_wrong(
+            f"the scale is {w}**-0.5 in every case, a fixed width (a variable of the notebook, such as d?); "
+            "take it from the inputs: q.shape[-1]**-0.5", scale_width=str(w),
+        )
+        for w in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 384, 768)
+    ),
 )  # fmt: skip
 
 
 def padded_cross_attention(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(q, k, v, key_lengths) -> out``: cross-attention over a batch of padded key sequences.
+    """Check ``fn(q, k, v, key_lengths) -> out``: cross-attention over padded key sequences.
 
-    The ``M`` queries come from one set of tokens, the ``N`` keys and values from another:
-    a batch of ``B`` sequences padded to ``N``, where sequence ``b`` has ``key_lengths[b]``
-    real keys (its first ones, at least one) and padding after them. ``fn`` returns
-    ``softmax(q k^T / sqrt(d) with the padding keys' logits at -inf) v``: every query
-    attends to the real keys of its own sequence only, and no query is masked. The value
-    width ``d_v`` may differ from the query/key width ``d``; the scale is ``d**-0.5``.
-    Names an ignored mask (pitfall 4), ``<=`` for ``<``, the value width in the scale,
-    the softmax over the queries, and padding filled with 0 or zeroed after the softmax.
+    Sequence ``b`` has ``key_lengths[b]`` real keys, then padding: ``softmax(q k^T * d**-0.5``
+    with the padding keys' logits at -inf``) v``, ``d = q.shape[-1]`` (``d_v`` may differ).
 
     Shape: q (B, h, M, d), k (B, h, N, d), v (B, h, N, d_v), key_lengths (B,) integer -> (B, h, M, d_v).
     """

@@ -21,14 +21,13 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
-from vitlab.layers.attention import explicit_attention
-from vitlab.models.cait import layer_scale_init_for_depth
 
 # 17 tells "depth + 2" from "depth < 18"; the paper leaves depths 19 to 23 open, so none is used.
 _DEPTHS = (12, 17, 18, 24, 36)
 
 
 def _epsilon(depth: int, *, small: int = 18, large: int = 24, strict: bool = False) -> float:
+    """CaiT's epsilon for ``depth`` self-attention blocks (``strict``: a known wrong answer)."""
     if depth < small or (depth == small and not strict):
         return 0.1
     if depth < large or (depth == large and not strict):
@@ -37,20 +36,14 @@ def _epsilon(depth: int, *, small: int = 18, large: int = 24, strict: bool = Fal
 
 
 def layer_scale_init(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(layer_index, depth) -> epsilon``: LayerScale's initial value in one block.
-
-    ``layer_index`` counts the self-attention blocks from 0; ``depth`` is how many there
-    are (24 in CaiT-XXS-24; the 2 class-attention blocks do not count). CaiT (§2) picks
-    epsilon from the depth: 0.1 for depth <= 18, 1e-5 for depth <= 24, 1e-6 deeper, the
-    same in every block (as :func:`vitlab.models.cait.layer_scale_init_for_depth`).
-    Every ``layer_index`` of depths 12, 17, 18, 24 and 36 is tried.
+    """Check ``fn(layer_index, depth) -> epsilon``: 0.1 up to depth 18, 1e-5 up to 24, 1e-6 deeper (CaiT §2).
 
     Shape: ints -> one float.
     """
     cases = [Case(f"layer_index={i}, depth={depth}", (i, depth)) for depth in _DEPTHS for i in range(depth)]
     wrongs = [
         KnownWrong(
-            lambda i, depth: layer_scale_init_for_depth(i + 1),
+            lambda i, depth: _epsilon(i + 1),
             "epsilon follows the layer index (LayerScale(..., depth=ind + 1)); it follows the "
             "network's depth and is the same in every block: 1e-5 in all 24 blocks of CaiT-XXS-24",
             10,
@@ -72,7 +65,7 @@ def layer_scale_init(fn: Callable[..., Any]) -> CheckResult:
         "layer_scale_init",
         fn,
         cases,
-        lambda i, depth: layer_scale_init_for_depth(depth),
+        lambda i, depth: _epsilon(depth),
         known_wrong=wrongs,
         expect=Expect(kind="number", rtol=1e-6, atol=0.0),
     )
@@ -93,24 +86,15 @@ def _class_attention(
     k = rearrange(linear(z, wk), heads, h=h)  # (B, h, 1 + N, d)
     v = rearrange(linear(z, wv), heads, h=h)
     scale = 1.0 if unscaled else x.shape[-1] ** -0.5 if scale_by_dim else q.shape[-1] ** -0.5
-    if softmax_dim == -1 and not naive_softmax:
-        out, _ = explicit_attention(q, k, v, scale=scale)  # (B, h, 1, d)
-    else:
-        logits = q @ k.transpose(-2, -1) * scale  # (B, h, 1, 1 + N)
-        out = (naive_softmax_of(logits) if naive_softmax else logits.softmax(dim=softmax_dim)) @ v
+    logits = q @ k.transpose(-2, -1) * scale  # (B, h, 1, 1 + N)
+    out = (naive_softmax_of(logits) if naive_softmax else logits.softmax(dim=softmax_dim)) @ v  # (B, h, 1, d)
     return rearrange(out, f"B h n d -> B n ({merge})")  # (B, 1, C)
 
 
 def class_attention(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(x, wq, wk, wv, num_heads) -> cls_out``: CaiT's class-attention, one layer.
+    """Check ``fn(x, wq, wk, wv, num_heads) -> cls_out``: CaiT's class-attention, no biases, no projection.
 
-    ``x`` is ``[cls, patches]`` (the cls token first). Only the cls token asks: with
-    weights stored as ``nn.Linear`` stores them, (C_out, C_in), ``q = F.linear(x[:, :1], wq)``,
-    ``k = F.linear(x, wk)``, ``v = F.linear(x, wv)`` (keys and values include the cls
-    token), split into ``num_heads`` heads of ``d = C / num_heads``, ``softmax(q k^T / sqrt(d)) v``,
-    heads merged back ``(h d)``. No biases and no output projection (``ClassAttention`` in
-    :mod:`vitlab.layers` adds them). In the last case ``wq`` is 100 times larger, so the
-    logits reach about 200 (a softmax written as ``exp(x) / sum(exp(x))`` overflows there).
+    ``q = F.linear(x[:, :1], wq)``, ``k``, ``v`` from all of ``x``, heads ``(h d)``, ``softmax(q k^T / sqrt(d)) v``.
 
     Shape: x (B, 1 + N, C), wq, wk, wv (C, C), num_heads int -> (B, 1, C).
     """
@@ -169,15 +153,9 @@ def _class_attention_tokens(
 
 
 def class_attention_tokens(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(x, wq, wk, wv, num_heads, num_queries) -> tokens``: class-attention with several class tokens.
+    """Check ``fn(x, wq, wk, wv, num_heads, num_queries) -> tokens``: class-attention, ``n`` class tokens first.
 
-    ``x`` is ``[cls_1, ..., cls_n, patches]`` with ``n = num_queries`` class tokens first
-    (e.g. DeiT's class and distillation tokens). Each class token asks its own query;
-    keys and values come from every token of ``x``, the class tokens included:
-    ``q = F.linear(x[:, :n], wq)``, ``k = F.linear(x, wk)``, ``v = F.linear(x, wv)``,
-    ``num_heads`` heads of ``d = C / num_heads`` split and merged ``(h d)``,
-    ``softmax(q k^T / sqrt(d))`` over the keys, times ``v``. No biases, no output
-    projection. With ``num_queries=1`` it is CaiT's class-attention.
+    Each class token asks a query, ``q = F.linear(x[:, :n], wq)``; keys and values are all of ``x``.
 
     Shape: x (B, n + N, C), wq, wk, wv (C, C), ints -> (B, n, C).
     """

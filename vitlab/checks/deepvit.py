@@ -1,5 +1,4 @@
-"""Checks for the DeepViT chapter: re-attention's mixing of the heads' maps, the whole
-re-attended map (softmax, mixing, BatchNorm per head), and its LayerNorm-across-heads variant."""
+"""Checks for the DeepViT chapter: re-attention across a change of head count, and its LayerNorm variant."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
-from vitlab.models.deepvit import ReAttention
 
 
 def _mix(attn: Tensor, theta: Tensor) -> Tensor:
@@ -29,172 +27,9 @@ def _mix(attn: Tensor, theta: Tensor) -> Tensor:
     return torch.einsum("b h i j, h g -> b g i j", attn, theta)
 
 
-def re_attention(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(attn, theta) -> mixed``: re-attention's head mixing, before normalisation.
-
-    DeepViT (Zhou et al., 2021, eq. 3) computes ``Norm(Θ^T · A) V``: every new map is a
-    learned combination of the ``H`` heads' softmax maps,
-    ``mixed[b, g, i, j] = sum_h theta[h, g] * attn[b, h, i, j]``
-    (``einsum("bhij,hg->bgij")``; a 1x1 ``Conv2d(H, H)`` with weight ``Θ^T`` and no
-    bias does the same). Return the mixed maps before ``Norm`` (BatchNorm in the paper).
-
-    Shape: attn (B, H, N, N), theta (H, H) -> (B, H, N, N).
-    """
-    cases = []
-    for seed, (B, H, N) in enumerate(((1, 2, 4), (2, 3, 5), (2, 4, 7), (1, 6, 3))):
-        g = generator(seed)
-        attn = torch.randn(B, H, N, N, generator=g).softmax(dim=-1)
-        theta = torch.randn(H, H, generator=g)
-        cases.append(Case(f"attn {shape(attn)}, theta {shape(theta)}", (attn, theta)))
-    wrongs = [
-        KnownWrong(
-            lambda attn, theta: torch.einsum("b h i j, g h -> b g i j", attn, theta),
-            "the heads are mixed with theta instead of its transpose: new head g = sum_h theta[h, g] * attn[:, h]",
-        ),
-        KnownWrong(
-            lambda attn, theta: _mix(attn, theta).softmax(dim=-1),
-            "the mixed maps went through a softmax again; return them before any normalisation",
-        ),
-    ]
-    return run_check("re_attention", fn, cases, _mix, known_wrong=wrongs)
-
-
-def _re_attention_map(scores: Tensor, theta: Tensor, bn: nn.BatchNorm2d) -> Tensor:
-    """The re-attended map, computed with vitlab's ``ReAttention`` layers.
-
-    ``reatten_matrix`` gets the weight Θ^T (and a zero bias), ``var_norm`` the state of
-    ``bn``; then the module's own line runs: ``var_norm(reatten_matrix(softmax(scores)))``.
-    """
-    H = theta.shape[0]
-    module = ReAttention(H, num_heads=H)  # dim = H: one channel per head is enough here
-    with torch.no_grad():
-        module.reatten_matrix.weight.copy_(theta.T[:, :, None, None])  # W[g, h] = θ[h, g]
-        bias = module.reatten_matrix.bias
-        assert bias is not None  # a Conv2d built with bias=True
-        bias.zero_()
-    module.var_norm = bn
-    attn = scores.softmax(dim=-1)  # (B, H, N, N), as in ReAttention.forward
-    return module.var_norm(module.reatten_matrix(attn)) * module.reatten_scale
-
-
-def _bn_over(
-    x: Tensor, dims: tuple[int, ...], bn: nn.BatchNorm2d, channel_dim: int, *, unbiased: bool = False,
-    eps: float | None = None, affine: bool = True,
-) -> Tensor:  # fmt: skip
-    """Standardise ``x`` over ``dims``, then bn's affine along ``channel_dim``; the keywords
-    make the known wrong answers of a BatchNorm written by hand."""
-    mean = x.mean(dim=dims, keepdim=True)
-    var = x.var(dim=dims, unbiased=unbiased, keepdim=True)
-    shape = [1] * x.ndim
-    shape[channel_dim] = -1
-    y = (x - mean) / torch.sqrt(var + (bn.eps if eps is None else eps))
-    return y * bn.weight.view(shape) + bn.bias.view(shape) if affine else y
-
-
 def _running_statistics(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
     """bn in eval mode: its running mean and variance instead of the batch's."""
     return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, training=False, eps=bn.eps)
-
-
-_RE_RIGHT = (
-    "the map is bn(Θ^T · softmax(scores)): softmax over the keys, mix the heads, then BatchNorm2d over the heads"
-)
-
-_RE_ATTENTION_WRONGS = (
-    KnownWrong(
-        lambda s, t, bn: bn(_mix(s.softmax(-1), t.T)),
-        "the heads are mixed with Θ instead of its transpose (the wrong axis of Θ): new head g = "
-        "sum_h theta[h, g] * attn[:, h], einsum('bhij,hg->bgij')",
-    ),
-    KnownWrong(
-        lambda s, t, bn: bn(_mix(s, t).softmax(-1)),
-        f"the heads are mixed before the softmax; re-attention mixes the softmax maps: {_RE_RIGHT}",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _mix(s.softmax(-1), t),
-        f"the BatchNorm is missing (the mixed maps are returned as they are); {_RE_RIGHT}",
-    ),
-    KnownWrong(
-        lambda s, t, bn: bn(_mix(s.softmax(-1), t).transpose(1, 2)).transpose(1, 2),
-        "the BatchNorm runs over the query tokens (dim 2) instead of the heads (dim 1); "
-        "BatchNorm2d(H) takes the (B, H, N, N) maps as they are, one channel per head",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (1,), bn, 1),
-        "the maps are normalised across the heads at each (query, key) pair, a LayerNorm over the "
-        "head axis (as lucidrains' vit-pytorch, a popular re-implementation, does); the official "
-        "BatchNorm2d normalises each head over the batch and all positions",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (2, 3), bn, 1),
-        "each image's map is normalised on its own (statistics over the N x N positions only); "
-        "BatchNorm takes each head's statistics over the whole batch too: dims (0, 2, 3)",
-    ),
-    KnownWrong(
-        lambda s, t, bn: bn(_mix(s.softmax(-2), t)),
-        "the softmax runs over the queries (dim=-2); every query's row sums to 1: softmax(dim=-1)",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (0, 2, 3), bn, 1, unbiased=True),
-        "the BatchNorm divides by the unbiased variance (x.var() divides by n - 1 by default); BatchNorm "
-        "normalises with the biased one, x.var(dim=(0, 2, 3), unbiased=False), n = B * N * N",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _running_statistics(_mix(s.softmax(-1), t), bn),
-        "the BatchNorm uses its running statistics (bn in eval mode, or F.batch_norm(..., training=False)); "
-        "bn is in training mode: it normalises each head with the batch's own mean and variance over (B, N, N)",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (0, 2, 3), bn, 1, affine=False),
-        "the BatchNorm's affine is missing: after normalising, multiply by bn.weight and add bn.bias (one "
-        "of each per head)",
-    ),
-    KnownWrong(
-        lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (0, 2, 3), bn, 1, eps=0.0),
-        "the BatchNorm's eps is missing: divide by sqrt(var + bn.eps), not sqrt(var) (it matters where a "
-        "head's map barely varies, as in the near-uniform case)",
-    ),
-    KnownWrong(lambda s, t, bn: bn(_mix(naive_softmax_of(s), t)), NAIVE_SOFTMAX),
-)
-
-
-def re_attention_map(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(scores, theta, bn) -> map``: DeepViT's re-attended map, BatchNorm included.
-
-    ``scores`` are one block's scaled attention logits ``q k^T / sqrt(d)``, ``(B, H, N, N)``;
-    ``theta`` is the ``(H, H)`` mixing matrix (``theta[h, g]``: how much head ``h`` feeds
-    new head ``g``); ``bn`` is an ``nn.BatchNorm2d(H)`` in training mode. The answer is
-    ``bn(einsum("bhij,hg->bgij", scores.softmax(-1), theta))``, the map that
-    :class:`vitlab.models.deepvit.ReAttention` multiplies the values with (its
-    ``reatten_matrix`` holds Θ^T, here with a zero bias; its ``var_norm`` is ``bn``). The
-    BatchNorm has running statistics from earlier batches, which training mode does not use.
-    Two cases test the numerics: small scores (near-uniform maps that barely vary, where
-    BatchNorm's ``eps`` matters) and scores of a few hundred (a softmax written as
-    ``exp(x) / sum(exp(x))`` overflows there).
-
-    Shape: scores (B, H, N, N), theta (H, H) -> (B, H, N, N).
-    """
-    cases = []
-    # The first case has N == H, so that a BatchNorm over the wrong axis runs and is recognised.
-    sizes = ((2, 3, 3, 2.0), (2, 4, 5, 2.0), (3, 2, 6, 2.0), (2, 6, 4, 2.0), (2, 3, 4, 0.1), (2, 4, 5, 60.0))
-    for seed, (B, H, N, size) in enumerate(sizes):
-        g = generator(50 + seed)
-        scores = torch.randn(B, H, N, N, generator=g) * size
-        theta = torch.randn(H, H, generator=g)
-        bn = nn.BatchNorm2d(H)  # training mode: batch statistics
-        with torch.no_grad():
-            bn.weight.copy_(1 + 0.5 * torch.randn(H, generator=g))
-            bn.bias.copy_(0.5 * torch.randn(H, generator=g))
-            assert bn.running_mean is not None and bn.running_var is not None
-            bn.running_mean.copy_(0.2 * torch.randn(H, generator=g))  # as after some training
-            bn.running_var.copy_(0.5 + torch.rand(H, generator=g))
-        label = f"scores {shape(scores)}, theta {shape(theta)}, BatchNorm2d({H}) in training mode"
-        if size < 1:
-            label += ", small scores (near-uniform maps)"
-        elif size > 10:
-            label += f", large scores (up to {scores.abs().max().item():.0f} in size)"
-        cases.append(Case(label, (scores, theta, bn)))
-    return run_check("re_attention_map", fn, cases, _re_attention_map, known_wrong=_RE_ATTENTION_WRONGS)
 
 
 def _re_attention_layernorm(attn: Tensor, theta: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -204,10 +39,11 @@ def _re_attention_layernorm(attn: Tensor, theta: Tensor, weight: Tensor, bias: T
 
 
 def _standardise(x: Tensor, dims: tuple[int, ...], weight: Tensor, bias: Tensor, *, unbiased: bool = False) -> Tensor:
-    """``x`` standardised over ``dims`` (eps 1e-5), then ``weight``/``bias`` per head (dim 1)."""
-    mean = x.mean(dim=dims, keepdim=True)
+    """``x`` standardised over ``dims`` (eps 1e-5, as LayerNorm and BatchNorm), then ``weight``/``bias`` per head."""
     var = x.var(dim=dims, unbiased=unbiased, keepdim=True)
-    return (x - mean) / torch.sqrt(var + 1e-5) * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
+    return (x - x.mean(dim=dims, keepdim=True)) / torch.sqrt(var + 1e-5) * weight.view(1, -1, 1, 1) + bias.view(
+        1, -1, 1, 1
+    )
 
 
 _LN_RIGHT = (
@@ -248,13 +84,8 @@ _RE_ATTENTION_LN_WRONGS = (
 def re_attention_layernorm(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(attn, theta, weight, bias) -> map``: re-attention with a LayerNorm across the heads.
 
-    The variant of lucidrains' ``vit-pytorch`` (``vit_pytorch/deepvit.py``): the softmax
-    maps ``attn`` are mixed by Θ^T on the head axis,
-    ``mixed[b, g, i, j] = sum_h theta[h, g] * attn[b, h, i, j]``, then normalised by an
-    ``nn.LayerNorm(H)`` over the head axis, separately at every image and (query, key)
-    pair (mean 0, biased variance 1 over the ``H`` values, eps ``1e-5``), and scaled by
-    ``weight`` and shifted by ``bias`` per head. The official code normalises each head
-    over the batch and positions instead (``BatchNorm2d``, :func:`re_attention_map`).
+    ``einsum("bhij,hg->bgij", attn, theta)``, then ``nn.LayerNorm(H)`` over the head axis at every
+    ``(b, i, j)`` (biased variance, eps 1e-5), scaled by ``weight`` and shifted by ``bias`` per head.
 
     Shape: attn (B, H, N, N), theta (H, H), weight (H,), bias (H,) -> (B, H, N, N).
     """
@@ -318,7 +149,7 @@ _RE_ATTENTION_HEADS_WRONGS = (
         "normalises each output head with the batch's own mean and variance over (B, N, N)",
     ),
     KnownWrong(
-        _heads_wrong(lambda s, t, bn: _bn_over(_mix(s.softmax(-1), t), (1,), bn, 1)),
+        _heads_wrong(lambda s, t, bn: _standardise(_mix(s.softmax(-1), t), (1,), bn.weight, bn.bias)),
         "the maps are normalised across the heads at each (query, key) pair (a LayerNorm over the head "
         "axis); BatchNorm2d(H_out) normalises each output head over the batch and all positions",
     ),
@@ -343,17 +174,8 @@ _RE_ATTENTION_HEADS_WRONGS = (
 def re_attention_heads(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(q, k, v, theta, bn) -> out``: re-attention that changes the number of heads.
 
-    Queries and keys come in ``H_in`` heads of width ``d_k``, values in ``H_out`` heads of
-    width ``d_v``; ``theta`` is ``(H_in, H_out)``, ``theta[h, g]`` = how much input head
-    ``h`` feeds output head ``g`` (as in the chapter, now not square), and ``bn`` is an
-    ``nn.BatchNorm2d(H_out)`` in training mode (its running statistics are not used). The
-    answer: ``attn = softmax(q k^T / sqrt(d_k))`` over the keys, ``(B, H_in, N, N)``;
-    ``bn(einsum("bhij,hg->bgij", attn, theta))``, ``(B, H_out, N, N)``; that times ``v``,
-    and the heads merged ``(h d)``. Talking-Heads Attention (Shazeer et al., 2020) mixes
-    the heads after the softmax in the same way, with different head counts allowed. The
-    first case has ``H_in == H_out`` so that Θ used the wrong way round still runs and can
-    be named; the last has logits of a few hundred (a softmax written as
-    ``exp(x) / sum(exp(x))`` overflows there).
+    ``attn = softmax(q k^T / sqrt(d_k))`` over ``H_in`` heads; ``bn(einsum("bhij,hg->bgij", attn, theta))``
+    with ``bn`` a ``BatchNorm2d(H_out)`` in training mode; times ``v``; heads merged ``(h d)``.
 
     Shape: q, k (B, H_in, N, d_k), v (B, H_out, N, d_v), theta (H_in, H_out)
     -> (B, N, H_out * d_v).

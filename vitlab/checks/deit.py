@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab import distill
 from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check
 
 Logits = tuple[Tensor, Tensor, Tensor, Tensor]
@@ -76,7 +75,7 @@ def _hard(c: Tensor, d: Tensor, t: Tensor, y: Tensor, alpha: float = 0.5, *, wro
         return alpha * F.cross_entropy(c, y) + (1 - alpha) * F.cross_entropy(d, t_labels)
     if wrong == "probabilities":
         return (1 - alpha) * F.cross_entropy(c, y) + alpha * F.cross_entropy(d, t.softmax(-1))
-    return distill.hard_distillation_loss(c, d, t, y, alpha=alpha)
+    return (1 - alpha) * F.cross_entropy(c, y) + alpha * F.cross_entropy(d, t_labels)
 
 
 def _hard_wrong(variant: str, message: str, pitfall: int | None = None) -> KnownWrong:
@@ -103,14 +102,9 @@ _HARD_WRONGS = (
 
 
 def hard_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=0.5) -> loss``.
+    """Check ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=0.5) -> loss``: DeiT's hard distillation.
 
-    DeiT's hard distillation: ``(1 - alpha) * CE(cls_logits, labels) +
-    alpha * CE(dist_logits, teacher_logits.argmax(-1))``, cross-entropy averaged over the
-    batch, as :func:`vitlab.distill.hard_distillation_loss`. The first case leaves
-    ``alpha`` out (its default must be 0.5); the others pass ``alpha=``. The last case has
-    logits of a few hundred, where a cross-entropy written from the formula overflows in
-    float32 (``F.cross_entropy`` does not).
+    ``(1 - alpha) * CE(cls_logits, labels) + alpha * CE(dist_logits, teacher_logits.argmax(-1))``.
 
     Shape: logits (B, K) each, labels (B,) -> scalar tensor.
     """
@@ -126,9 +120,7 @@ def hard_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
 
 
 def _soft(c: Tensor, d: Tensor, t: Tensor, y: Tensor, *, alpha: float, tau: float, wrong: str = "") -> Tensor:
-    """Soft distillation; ``wrong`` names a known wrong variant."""
-    if wrong == "":
-        return distill.soft_distillation_loss(c, d, t, y, alpha=alpha, tau=tau)
+    """Soft distillation as the official DeiT code writes it; ``wrong`` names a known wrong variant."""
     student = c if wrong == "cls_head" else d
     log_p_student = F.log_softmax(student / tau, dim=-1)
     log_p_teacher = F.log_softmax(t if wrong == "teacher_tau" else t / tau, dim=-1)
@@ -174,13 +166,8 @@ _SOFT_WRONGS = (
 def soft_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(cls_logits, dist_logits, teacher_logits, labels, alpha=..., tau=...) -> loss``.
 
-    DeiT's soft distillation as the official code writes it (and
-    :func:`vitlab.distill.soft_distillation_loss`):
-    ``(1 - alpha) * CE(cls_logits, labels) + alpha * tau**2 * KL / (B * K)``, where
-    ``KL = sum KL(softmax(teacher / tau) || softmax(dist / tau))`` over the batch. Every
-    case passes ``alpha=`` and ``tau=`` by keyword. The last case has logits of several
-    hundred, where a softmax written as ``exp(x) / sum(exp(x))`` overflows and
-    ``log(softmax(x))`` underflows in float32 (``F.log_softmax`` does neither).
+    ``(1 - alpha) * CE(cls_logits, labels) + alpha * tau**2 * KL / (B * K)``,
+    ``KL = sum KL(softmax(teacher / tau) || softmax(dist / tau))``, as the official DeiT code.
 
     Shape: logits (B, K) each, labels (B,) -> scalar tensor.
     """
@@ -255,17 +242,10 @@ _MIXUP_WRONGS = (
 
 
 def mixup_hard_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(cls_logits, dist_logits, teacher_logits, targets, alpha=0.5) -> loss``.
+    """Check ``fn(cls_logits, dist_logits, teacher_logits, targets, alpha=0.5) -> loss``: hard distillation with Mixup.
 
-    Hard distillation as DeiT trains it, with Mixup or CutMix: ``targets`` are the mixed
-    targets, a distribution over the ``K`` classes per image (each row blends two labels).
-    The class head learns them with a soft-target cross-entropy,
-    ``-(targets * log_softmax(cls_logits)).sum(-1)``; the distillation head learns the
-    teacher's decision on the blended image, ``CE(dist_logits, teacher_logits.argmax(-1))``;
-    both averaged over the batch and combined as ``(1 - alpha) * class + alpha * dist``
-    (the official ``DistillationLoss`` with timm's ``SoftTargetCrossEntropy``). The first
-    case leaves ``alpha`` out (its default must be 0.5). In the last the logits are 50
-    times larger, a few hundred, where a softmax written from the formula overflows.
+    ``(1 - alpha) * -(targets * log_softmax(cls_logits)).sum(-1).mean() + alpha * CE(dist_logits,
+    teacher_logits.argmax(-1))``, the official ``DistillationLoss`` with ``SoftTargetCrossEntropy``.
 
     Shape: logits (B, K) each, targets (B, K) -> scalar tensor.
     """
@@ -338,17 +318,8 @@ _PROBS_WRONGS = (
 def soft_distillation_from_probs(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(cls_logits, dist_logits, teacher_probs, labels, *, alpha, tau) -> loss``.
 
-    DeiT's soft distillation (:func:`soft_distillation_loss`) for a teacher that gives
-    probabilities ``teacher_probs = softmax(Z_t)`` instead of its logits ``Z_t`` (every
-    probability here is positive). Since ``log(teacher_probs)`` is ``Z_t`` less a constant
-    per row and a softmax ignores such constants, the softened target is
-    ``softmax(log(teacher_probs) / tau) = softmax(Z_t / tau)``. The loss is
-    ``(1 - alpha) * CE(cls_logits, labels) + alpha * tau**2 * KL / (B * K)`` with ``KL``
-    summed over the batch, as the official code. Every case passes ``alpha=`` and
-    ``tau=`` by keyword. Names an untempered teacher, a softmax of the probabilities, the
-    power ``tau`` for ``1/tau``, the class head (pitfall 9), a reversed KL, no ``tau**2``
-    and the division by ``B``. In the last case the student's logits are a few hundred,
-    where a softmax written as ``exp(x) / sum(exp(x))`` overflows (``F.log_softmax`` does not).
+    :func:`soft_distillation_loss` for a teacher that gives probabilities: the softened
+    target is ``softmax(log(teacher_probs) / tau)``.
 
     Shape: logits (B, K) each, teacher_probs (B, K) rows summing to 1, labels (B,) -> scalar tensor.
     """

@@ -1,8 +1,8 @@
-"""Checks for the comparison chapter: counting multiply-accumulates (MACs) by hand.
+"""Checks that count multiply-accumulates (MACs) by hand: a ViT block, attention, CrossViT's fusion.
 
-The references are the formulas that :func:`vitlab.family.count_macs` measures on the
-models (``tests/test_checks_family.py`` checks each against the counter): a matrix
-product ``(n, a) @ (a, b)`` costs ``n * a * b`` MACs, and nothing else is counted.
+The references are the formulas :func:`vitlab.family.count_macs` measures on the models
+(``tests/test_checks_family.py`` compares them): a product ``(n, a) @ (a, b)`` costs
+``n * a * b`` MACs; biases, norms, activations, softmax and additions are not counted.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, run_check
+from vitlab.checks._core import WHOLE, Case, CheckResult, KnownWrong, run_check
 
-_WHOLE = Expect(kind="number", integer=True, rtol=0.0, atol=1e-9)
+FLOPS = "these are FLOPs (2 per multiply-add); MACs are half"
 
-# (tokens, dim, mlp_ratio): ViT-S/16, ViT-B/16, this chapter's tiny ViT, PiT-S stages 1 and
-# 3, DeepViT-S (mlp ratio 3), T2T-ViT-14's backbone.
+# (tokens, dim, mlp_ratio): ViT-S/16, ViT-B/16, a tiny ViT, PiT-S stages 1 and 3, DeepViT-S, T2T-ViT-14.
 _BLOCKS = (
     (197, 384, 4.0), (197, 768, 4.0), (5, 32, 4.0), (730, 144, 4.0), (50, 576, 4.0), (197, 396, 3.0),
     (197, 384, 3.0),
@@ -30,11 +29,8 @@ def _block_macs(tokens: int, dim: int, mlp_ratio: float) -> int:
 def encoder_block_macs(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(tokens, dim, mlp_ratio) -> int``: the MACs of one pre-norm ViT block.
 
-    For ``N = tokens``, ``D = dim`` and the MLP's hidden width ``int(D * mlp_ratio)``:
-    qkv ``3 N D^2`` + output projection ``N D^2`` + MLP ``2 N D * hidden`` (two Linear
-    layers) + ``q k^T`` ``N^2 D`` + ``attn v`` ``N^2 D`` (all heads together). Biases,
-    LayerNorm, softmax, GELU and the residual additions are not counted, as
-    :func:`vitlab.family.count_macs`. The answer is a whole number.
+    qkv ``3 N D^2`` + output projection ``N D^2`` + MLP ``2 N D * int(D * mlp_ratio)`` +
+    ``q k^T`` and ``attn v`` ``N^2 D`` each (all heads together).
 
     Shape: ints (and a float ratio) -> int.
     """
@@ -48,7 +44,7 @@ def encoder_block_macs(fn: Callable[..., Any]) -> CheckResult:
             lambda n, d, r: n * (4 * d * d + 2 * d * int(d * r)) + n * n * d,
             "q k^T is counted but attn v is not; each costs N^2 D",
         ),
-        KnownWrong(lambda n, d, r: 2 * _block_macs(n, d, r), "these are FLOPs (2 per multiply-add); MACs are half"),
+        KnownWrong(lambda n, d, r: 2 * _block_macs(n, d, r), FLOPS),
         KnownWrong(
             lambda n, d, r: _block_macs(n, d, r) - n * d * d,
             "the attention's output projection (D x D, applied to every token) is missing",
@@ -58,13 +54,11 @@ def encoder_block_macs(fn: Callable[..., Any]) -> CheckResult:
             "the MLP is counted once; it has two Linear layers, D -> hidden and hidden -> D",
         ),
     ]
-    return run_check("encoder_block_macs", fn, cases, _block_macs, known_wrong=wrongs, expect=_WHOLE)
+    return run_check("encoder_block_macs", fn, cases, _block_macs, known_wrong=wrongs, expect=WHOLE)
 
 
-# (n_queries, n_keys, qk_dim, v_dim), widths over all heads: ViT-S; CaiT-XXS class attention
-# (one query); LeViT-128S stage 1 (4 heads, key 16, value 32) and its first shrink attention
-# (8 heads, key 16, value 64, queries on every second row and column); CvT-13 stage 1 (keys
-# and values squeezed by stride 2); PiT-S stage 1.
+# (n_queries, n_keys, qk_dim, v_dim), widths over all heads: ViT-S; CaiT class attention; LeViT-128S
+# stage 1 and its first shrink attention; CvT-13 stage 1 (keys squeezed by stride 2); PiT-S stage 1.
 _ATTENTION = (
     (197, 197, 384, 384), (1, 197, 192, 192), (196, 196, 64, 128), (49, 196, 128, 512), (3136, 784, 64, 64),
     (730, 730, 144, 144),
@@ -76,14 +70,10 @@ def _attention_macs(n_queries: int, n_keys: int, qk_dim: int, v_dim: int) -> int
 
 
 def attention_macs(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(n_queries, n_keys, qk_dim, v_dim) -> int``: the MACs of attention's two products.
+    """Check ``fn(n_queries, n_keys, qk_dim, v_dim) -> int``: the MACs of ``q k^T`` and ``attn v``.
 
-    ``q`` is ``(N_q, qk_dim)`` and ``k`` is ``(N_k, qk_dim)``, ``v`` is ``(N_k, v_dim)``, the
-    widths summed over the heads (splitting into heads does not change the count):
-    ``q k^T`` costs ``N_q N_k qk_dim`` and ``attn v`` costs ``N_q N_k v_dim``. Queries and
-    keys differ in class attention (one query), LeViT's shrink attention (a quarter of the
-    queries; values wider than keys) and CvT (keys squeezed by a stride). The projections
-    that make q, k and v are not part of it. The answer is a whole number.
+    ``N_q N_k qk_dim + N_q N_k v_dim``, the widths summed over the heads; the projections
+    that make q, k and v are not part of it.
 
     Shape: ints -> int.
     """
@@ -105,4 +95,76 @@ def attention_macs(fn: Callable[..., Any]) -> CheckResult:
         ),
         KnownWrong(lambda q, k, a, b: 2 * _attention_macs(q, k, a, b), "these are FLOPs; MACs are half"),
     ]
-    return run_check("attention_macs", fn, cases, _attention_macs, known_wrong=wrongs, expect=_WHOLE)
+    return run_check("attention_macs", fn, cases, _attention_macs, known_wrong=wrongs, expect=WHOLE)
+
+
+def _direction_macs(c_i: int, c_j: int, n_j: int, *, keys: int = 1, queries: int = 1, fg: bool = True,
+                    wo: bool = True) -> int:  # fmt: skip
+    """Branch i's cls token (width C_i) queries branch j (N_j patches, width C_j); keywords make wrong answers."""
+    tokens = keys + n_j  # z = [f(cls_i), patches_j]
+    macs = 2 * c_i * c_j if fg else 0  # f, then g, on one token each
+    macs += queries * c_j * c_j + 2 * tokens * c_j * c_j  # q, then k and v
+    macs += 2 * queries * tokens * c_j  # q k^T and attn v, all heads together
+    return macs + (queries * c_j * c_j if wo else 0)  # output projection
+
+
+def _fusion_macs(n_s: int, n_l: int, c_s: int, c_l: int) -> int:
+    return _direction_macs(c_s, c_l, n_l) + _direction_macs(c_l, c_s, n_s)  # S queries L, L queries S
+
+
+def _both(**knobs: Any) -> Callable[..., int]:
+    return lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl, **knobs) + _direction_macs(cl, cs, ns, **knobs)
+
+
+_FUSION_MAC_WRONGS = (
+    KnownWrong(lambda ns, nl, cs, cl: 2 * _fusion_macs(ns, nl, cs, cl), FLOPS),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl),
+        "only one direction is counted (S's cls token querying L); L's cls token queries S as well",
+    ),
+    KnownWrong(
+        _both(fg=False),
+        "f and g are not counted: each is a Linear between the two widths, C_S C_L MACs on the one token, "
+        "four of them in all (LayerNorm and GELU are not counted)",
+    ),
+    KnownWrong(
+        _both(keys=0),
+        "the projected cls token is left out of the keys and values; they come from z = [f(cls_i), patches_j], "
+        "1 + N_j tokens",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: (
+            _direction_macs(cs, cl, nl, queries=1 + nl) + _direction_macs(cl, cs, ns, queries=1 + ns)
+        ),
+        "every token of z is counted as a query, as in self-attention; the fusion has ONE query, f(cls_i): "
+        "q and the output projection act on one token, and the map is 1 x (1 + N_j)",
+    ),
+    KnownWrong(
+        lambda ns, nl, cs, cl: _direction_macs(cs, cl, ns) + _direction_macs(cl, cs, nl),
+        "the token counts are paired with the wrong branch: S's cls token attends over L's tokens, so the "
+        "direction at width C_L has 1 + N_L keys, and the one at width C_S has 1 + N_S",
+    ),
+    KnownWrong(
+        _both(wo=False),
+        "the output projection wo is missing: C_j^2 MACs on the one attended token, in each direction",
+    ),
+)
+
+
+def fusion_macs(fn: Callable[..., Any]) -> CheckResult:
+    """Check ``fn(n_s, n_l, c_s, c_l) -> int``: the MACs of CrossViT's fusion, both directions.
+
+    S's cls token queries ``z = [f(cls_S), patches_L]`` at width ``C_L`` and L's queries S.
+    One direction at width ``C_j`` over ``T = 1 + N_j`` tokens: ``f`` and ``g`` ``C_i C_j``
+    each, ``q`` ``C_j^2``, ``k`` and ``v`` ``T C_j^2`` each, ``q k^T`` and ``attn v``
+    ``T C_j`` each, the output projection ``C_j^2``.
+
+    Shape: ints -> int.
+    """
+    sizes = ((400, 196, 96, 192), (400, 196, 192, 384), (400, 196, 384, 768), (576, 324, 224, 448), (9, 4, 8, 16))
+    labels = ("CrossViT-Ti", "CrossViT-S", "CrossViT-B", "CrossViT-18's widths on 24x24 and 18x18 grids", "a toy")
+    cases = [
+        Case(f"{label}: n_s={ns}, n_l={nl}, c_s={cs}, c_l={cl}", (ns, nl, cs, cl))
+        for label, (ns, nl, cs, cl) in zip(labels, sizes, strict=True)
+    ]
+    return run_check("fusion_macs", fn, cases, _fusion_macs, known_wrong=_FUSION_MAC_WRONGS, expect=WHOLE)

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
-from vitlab.models.levit import attention_bias_index
+
+INDEX = Expect(integer=True, index=True, rtol=0.0, atol=0.0)
 
 
 def _signed_index(r: int) -> Tensor:
@@ -20,20 +21,16 @@ def _signed_index(r: int) -> Tensor:
 
 
 def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(resolution) -> idx``: which bias-table entry each (query, key) pair reads.
+    """Check ``fn(resolution) -> idx``: pair ``(i, j)`` of the row-major ``r x r`` map reads entry ``|dy| * r + |dx|``.
 
-    The ``r x r`` map's tokens are numbered row by row: token ``i`` sits at
-    ``(y, x) = (i // r, i % r)``. The pair ``(i, j)`` reads entry ``|dy| * r + |dx|``
-    (``dy = y_i - y_j``, ``dx = x_i - x_j``) of a table with ``r * r`` entries per head, as
-    the official code and :func:`vitlab.models.levit.attention_bias_index` number them.
-    Use ``torch.meshgrid(..., indexing="ij")`` (pitfall 13). An integer tensor.
+    An index tensor (``torch.long``).
 
     Shape: resolution int -> (r*r, r*r).
     """
     cases = [Case(f"resolution={r}", (r,)) for r in (1, 2, 3, 4, 7)]
     wrongs = [
         KnownWrong(
-            lambda r: attention_bias_index(r).reshape(r, r, r, r).permute(1, 0, 3, 2).reshape(r * r, r * r),
+            lambda r: _shrink_index(r, 1, order="xy"),
             "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
             "gives: number the tokens row by row, (y, x) = (i // r, i % r), with indexing='ij'",
             13,
@@ -44,14 +41,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
             "|dy|, |dx| only: index |dy| * r + |dx| into r * r entries",
         ),
     ]
-    return run_check(
-        "levit_bias_indices",
-        fn,
-        cases,
-        attention_bias_index,
-        known_wrong=wrongs,
-        expect=Expect(integer=True, rtol=0.0, atol=0.0),
-    )
+    return run_check("levit_bias_indices", fn, cases, lambda r: _shrink_index(r, 1), known_wrong=wrongs, expect=INDEX)
 
 
 def _logits(q: Tensor, k: Tensor, bias: Tensor, scale: float, *, where: str = "after") -> Tensor:
@@ -64,11 +54,7 @@ def _logits(q: Tensor, k: Tensor, bias: Tensor, scale: float, *, where: str = "a
 
 
 def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(q, k, bias, scale) -> logits``: LeViT's attention logits, before the softmax.
-
-    ``q k^T * scale + bias`` with ``scale = D**-0.5``: the bias is added *after* scaling
-    and is not rescaled (pitfall 14; the official code and timm, see ``LeViTAttention`` in
-    :mod:`vitlab.models.levit`). One case is shrink attention (fewer queries than keys).
+    """Check ``fn(q, k, bias, scale) -> logits``: ``q k^T * scale + bias``, the bias not rescaled (pitfall 14).
 
     Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k), scale float -> (B, h, N_q, N_k).
     """
@@ -130,12 +116,8 @@ def _shrink_index(r: int, s: int, *, queries: str = "strided", row: str = "keys"
 def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
     """Check ``fn(resolution, stride) -> idx``: the bias index of LeViT's shrink attention.
 
-    Keys sit on the ``r x r`` map, numbered row by row (``(y, x) = (j // r, j % r)``);
-    queries on rows and columns ``0, s, 2s, ...`` of the same map, ``ceil(r / s)`` per side,
-    also row by row. The pair (query ``i``, key ``j``) reads entry ``|dy| * r + |dx|`` of a
-    table with one entry per offset on the *key* map, as
-    :func:`vitlab.models.levit.attention_bias_index` (timm's numbering) computes it. With
-    ``stride=1`` it is :func:`levit_bias_indices`' square index. An integer tensor.
+    Queries on rows and columns ``0, s, 2s, ...`` of the ``r x r`` key map, row by row; entry
+    ``|dy| * r + |dx|``. An index tensor (``torch.long``).
 
     Shape: resolution int, stride int -> (ceil(r/s)**2, r*r).
     """
@@ -171,11 +153,4 @@ def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
             "the index is (keys, queries); return one row per query: (N_q, r * r)",
         ),
     ]
-    return run_check(
-        "levit_shrink_bias_indices",
-        fn,
-        cases,
-        lambda r, s: attention_bias_index(r, s),
-        known_wrong=wrongs,
-        expect=Expect(integer=True, rtol=0.0, atol=0.0),
-    )
+    return run_check("levit_shrink_bias_indices", fn, cases, _shrink_index, known_wrong=wrongs, expect=INDEX)

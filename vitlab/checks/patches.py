@@ -10,21 +10,24 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import Case, CheckResult, KnownWrong, randn, run_check, shape
-from vitlab.layers.patch_embed import patchify as reference_patchify
-from vitlab.layers.patch_embed import unpatchify as reference_unpatchify
 
 # (B, C, H, W, P): batch 1 and > 1, non-square images, 1 to 3 channels.
 _IMAGES = ((1, 3, 8, 8, 4), (2, 3, 8, 12, 4), (3, 1, 6, 9, 3), (2, 2, 4, 8, 2))
 
 
-def _unfold_order(images: Tensor, patch_size: int) -> Tensor:
-    return F.unfold(images, kernel_size=patch_size, stride=patch_size).transpose(1, 2)  # (c p1 p2)
+def _patchify(images: Tensor, patch_size: int) -> Tensor:
+    return rearrange(images, "B C (h p1) (w p2) -> B (h w) (p1 p2 C)", p1=patch_size, p2=patch_size)
+
+
+def _unpatchify(patches: Tensor, patch_size: int, grid_size: tuple[int, int]) -> Tensor:
+    p, h = patch_size, grid_size[0]
+    return rearrange(patches, "B (h w) (p1 p2 C) -> B C (h p1) (w p2)", h=h, p1=p, p2=p)
 
 
 def _patchify_wrongs() -> list[KnownWrong]:
     return [
         KnownWrong(
-            _unfold_order,
+            lambda x, p: F.unfold(x, kernel_size=p, stride=p).transpose(1, 2),  # (c p1 p2)
             "each patch's pixels are in (c p1 p2) order, what F.unfold gives; this exercise asks for "
             "(p1 p2 c), as vitlab.layers.patchify: rearrange 'B C (h p1) (w p2) -> B (h w) (p1 p2 C)'",
         ),
@@ -45,11 +48,7 @@ def _patchify_wrongs() -> list[KnownWrong]:
 
 
 def patchify(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(images, patch_size) -> patches``.
-
-    ``images`` (B, C, H, W) with H and W divisible by ``patch_size`` P. Patches in
-    row-major order (left to right, then top to bottom), each flattened ``(p1 p2 c)``
-    (row, column, channel), as :func:`vitlab.layers.patchify`.
+    """Check ``fn(images, patch_size) -> patches``: row-major patches, each flattened ``(p1 p2 c)``.
 
     Shape: images (B, C, H, W), patch_size int -> (B, N, P*P*C), N = (H/P)(W/P).
     """
@@ -57,20 +56,17 @@ def patchify(fn: Callable[..., Any]) -> CheckResult:
     for seed, (B, C, H, W, P) in enumerate(_IMAGES):
         x = randn(seed, B, C, H, W)
         cases.append(Case(f"images {shape(x)}, patch_size={P}", (x, P)))
-    return run_check("patchify", fn, cases, reference_patchify, known_wrong=_patchify_wrongs())
+    return run_check("patchify", fn, cases, _patchify, known_wrong=_patchify_wrongs())
 
 
 def unpatchify(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(patches, patch_size, grid_size) -> images``, the inverse of ``patchify``.
-
-    ``grid_size`` is ``(h, w)``, the number of patches down and across; patches and pixels
-    are ordered as in :func:`patchify`.
+    """Check ``fn(patches, patch_size, grid_size) -> images``, the inverse of ``patchify``; ``grid_size = (h, w)``.
 
     Shape: patches (B, h*w, P*P*C), patch_size int, grid_size (h, w) -> (B, C, h*P, w*P).
     """
     cases = []
     for seed, (B, C, H, W, P) in enumerate(_IMAGES):
-        patches = reference_patchify(randn(seed, B, C, H, W), P)
+        patches = _patchify(randn(seed, B, C, H, W), P)
         grid = (H // P, W // P)
         cases.append(Case(f"patches {shape(patches)}, patch_size={P}, grid_size={grid}", (patches, P, grid)))
     wrongs = [
@@ -88,4 +84,4 @@ def unpatchify(fn: Callable[..., Any]) -> CheckResult:
             "'B (h w) (p1 p2 C) -> B C (h p1) (w p2)'",
         ),
     ]
-    return run_check("unpatchify", fn, cases, reference_unpatchify, known_wrong=wrongs)
+    return run_check("unpatchify", fn, cases, _unpatchify, known_wrong=wrongs)

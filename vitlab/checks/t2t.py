@@ -12,6 +12,7 @@ from torch import Tensor
 
 from vitlab.checks._core import (
     PADDED_BY,
+    WHOLE,
     Case,
     CheckResult,
     Expect,
@@ -21,7 +22,12 @@ from vitlab.checks._core import (
     same_padding,
     shape,
 )
-from vitlab.models.t2t_vit import unfold_output_size
+
+
+def _side(size: int, kernel: int, stride: int, padding: int) -> int:
+    """Windows along one side: ``floor((size + 2 * padding - kernel) / stride) + 1``."""
+    return (size + 2 * padding - kernel) // stride + 1
+
 
 # (size, kernel, stride, padding): T2T-ViT's three splits at 224 px (224 -> 56 -> 28 -> 14),
 # other image sizes, and sizes where the stride does not divide evenly (the floor matters).
@@ -34,11 +40,7 @@ _COUNTS = (
 
 
 def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(size, kernel, stride, padding) -> tokens``: tokens along one side after a soft split.
-
-    A soft split (``nn.Unfold``) slides a ``kernel`` window with ``stride`` over the
-    ``padding``-padded side: ``floor((size + 2*padding - kernel) / stride) + 1`` windows, as
-    :func:`vitlab.models.t2t_vit.unfold_output_size`. The answer is a whole number.
+    """Check ``fn(size, kernel, stride, padding) -> tokens``: ``floor((size + 2*padding - kernel) / stride) + 1``.
 
     Shape: ints -> int.
     """
@@ -79,14 +81,7 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
             "the padding is counted once; it is added on both sides, size + 2 * padding",
         ),
     ]
-    return run_check(
-        "t2t_token_count",
-        fn,
-        cases,
-        unfold_output_size,
-        known_wrong=wrongs,
-        expect=Expect(kind="number", integer=True, rtol=0.0, atol=1e-9),
-    )
+    return run_check("t2t_token_count", fn, cases, _side, known_wrong=wrongs, expect=WHOLE)
 
 
 _UNFOLD_NOTE = "(the check compares values only: it cannot tell whether you used F.unfold)"
@@ -105,14 +100,7 @@ def _soft_split(x: Tensor, kernel: int, stride: int, padding: int, *, pad_mode: 
 
 
 def soft_split(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(x, kernel, stride, padding) -> tokens``: one soft split of T2T-ViT.
-
-    Overlapping ``kernel`` x ``kernel`` windows with ``stride`` and zero ``padding``, each
-    window's values flattened ``(c k1 k2)`` (what ``nn.Unfold`` gives), windows in row-major
-    order, tokens first: ``F.unfold(x, kernel, stride=stride, padding=padding).transpose(1, 2)``.
-
-    The check compares values only, so it cannot tell whether ``F.unfold`` was used; its
-    PASS line says so.
+    """Check ``fn(x, kernel, stride, padding) -> tokens``: ``F.unfold(x, kernel, stride=, padding=).transpose(1, 2)``.
 
     Shape: x (B, C, H, W) -> (B, L, C*kernel*kernel), L = tokens down x tokens across.
     """
@@ -162,13 +150,12 @@ def _grids(height: int, width: int, side: Callable[[int, int, int, int], int]) -
 
 
 def _t2t_grids(height: int, width: int) -> Tensor:
-    return _grids(height, width, unfold_output_size)
+    return _grids(height, width, _side)
 
 
 def _unchained(height: int, width: int) -> Tensor:
     """Each split counted from the image's own size (a wrong answer)."""
-    return torch.tensor([(unfold_output_size(height, k, s, p), unfold_output_size(width, k, s, p))
-                         for k, s, p in _T2T_SPLITS], dtype=torch.long)  # fmt: skip
+    return torch.tensor([(_side(height, k, s, p), _side(width, k, s, p)) for k, s, p in _T2T_SPLITS])
 
 
 _GRID_RIGHT = "each side is floor((n + 2p - k) / stride) + 1, applied to the previous split's grid, rows and cols apart"
@@ -194,6 +181,10 @@ _T2T_GRID_WRONGS = (
         11,
     ),
     KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: (n + p - k) // s + 1),
+        f"the padding is counted once; it is added on both sides, n + 2 * p: {_GRID_RIGHT}",
+    ),
+    KnownWrong(
         lambda h, w: _grids(h, w, lambda n, k, s, p: (n + 2 * p - k) // s),
         f"the + 1 is missing: the first window sits at position 0; {_GRID_RIGHT}",
     ),
@@ -210,13 +201,9 @@ _T2T_GRID_WRONGS = (
 
 
 def t2t_grids(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(height, width) -> grids``: the token grid after each of T2T-ViT's soft splits.
+    """Check ``fn(height, width) -> grids``: ``(rows, cols)`` after each of T2T-ViT's three soft splits.
 
-    A ``height x width`` image goes through the three soft splits ``(kernel, stride,
-    padding) = (7, 4, 2), (3, 2, 1), (3, 2, 1)``, each on the re-structurized grid of the
-    one before. Along each side ``n -> floor((n + 2p - k) / s) + 1``
-    (:func:`vitlab.models.t2t_vit.unfold_output_size`), rows and columns apart. The answer
-    is an integer tensor of shape ``(3, 2)``: row ``i`` is ``(rows, cols)`` after split ``i + 1``.
+    ``(kernel, stride, padding) = (7, 4, 2), (3, 2, 1), (3, 2, 1)``, each on the grid of the one before.
 
     Shape: ints -> (3, 2) integer tensor.
     """

@@ -1,7 +1,8 @@
-"""Checks for the training chapter: the warmup + cosine schedule and attention rollout."""
+"""Checks for the training chapter: the warmup + cosine schedule and rollout for a mean-pooled head."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,11 +10,17 @@ import torch
 from torch import Tensor
 
 from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check
-from vitlab.rollout import attention_rollout as _rollout
-from vitlab.train import warmup_cosine as _warmup_cosine
 
 # (total_steps, warmup_steps, min_ratio): a short and a long run, one with no warmup.
 _SCHEDULES = ((100, 10, 0.0), (240, 24, 0.01), (30, 0, 0.1), (1000, 150, 0.05))
+
+
+def _warmup_cosine(step: int, *, total_steps: int, warmup_steps: int, min_ratio: float = 0.0) -> float:
+    """Linear from 1/warmup to 1 over the warmup, then a half cosine from 1 down to ``min_ratio``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def _after_warmup(change: Callable[..., float]) -> Callable[..., float]:
@@ -32,20 +39,10 @@ def _cosine_only(step: int, **kwargs: Any) -> float:
 
 
 def warmup_cosine(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(step, *, total_steps, warmup_steps, min_ratio=0.0) -> multiplier``.
+    """Check ``fn(step, *, total_steps, warmup_steps, min_ratio=0.0) -> multiplier``, within 1e-6.
 
-    The learning rate of step ``step`` (counted from 0) is ``peak_lr * multiplier``:
-
-    * warmup, ``step < warmup_steps``: ``(step + 1) / warmup_steps``, rising linearly
-      from ``1 / warmup_steps`` at step 0 to 1 at the last warmup step;
-    * then a half cosine from 1 down to ``min_ratio``:
-      ``min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(pi * progress))`` with
-      ``progress = (step - warmup_steps) / (total_steps - warmup_steps)``, at most 1.
-
-    As :func:`vitlab.train.warmup_cosine`. The arguments after ``step`` are passed by
-    keyword; steps from 0 to ``total_steps`` of four schedules are tried (one without warmup).
-    Python floats and float32 tensors are both fine: an answer within 1e-6 of the reference
-    passes (float32 computes these multipliers to about 1e-7).
+    ``(step + 1) / warmup_steps`` during the warmup, then ``min_ratio + (1 - min_ratio) * 0.5 *
+    (1 + cos(pi * progress))``, ``progress = (step - warmup_steps) / (total_steps - warmup_steps)``.
 
     Shape: ints and a float -> one float.
     """
@@ -97,48 +94,15 @@ def _product(maps: Sequence[Tensor], *, first_on_left: bool = False) -> Tensor:
     return rollout
 
 
+def _rollout(maps: Sequence[Tensor], *, add_residual: bool = True) -> Tensor:
+    """Rollout of the heads' mean, ``R = Â_L ... Â_1``. Shape: depth x (B, h, N, N) -> (B, N, N)."""
+    return _product(_fused(maps) if add_residual else [a.mean(1) for a in maps])
+
+
 def _per_head(maps: Sequence[Tensor]) -> Tensor:
     """Rollout of each head on its own, then the mean over the heads."""
     eye = torch.eye(maps[0].shape[-1])
     return _product([0.5 * a + 0.5 * eye for a in maps]).mean(1)
-
-
-def attention_rollout(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(attn_maps) -> rollout``: attention rollout (Abnar and Zuidema, 2020).
-
-    ``attn_maps`` is a list with one attention map per block, first block first, each
-    (B, h, N, N) with rows summing to 1. For every block: average the heads, ``A`` (B, N, N);
-    add the residual, ``0.5 * A + 0.5 * I``, and renormalise each row to sum to 1; then
-    multiply the blocks' matrices with later blocks on the left, ``R = Â_L ... Â_2 Â_1``.
-    As :func:`vitlab.rollout.attention_rollout` with its defaults. Four cases, 1 to 4 blocks.
-
-    Shape: depth x (B, h, N, N) -> (B, N, N).
-    """
-    cases = []
-    for seed, (depth, B, h, N) in enumerate(((1, 1, 2, 3), (2, 1, 2, 4), (3, 2, 3, 5), (4, 2, 4, 6))):
-        g = generator(seed)
-        maps = [torch.randn(B, h, N, N, generator=g).mul(2).softmax(-1) for _ in range(depth)]
-        cases.append(Case(f"{depth} block(s) of ({B}, {h}, {N}, {N})", (maps,)))
-    eye = torch.eye
-    wrongs = [
-        KnownWrong(lambda maps: _rollout(maps, add_residual=False),
-                   "the residual is left out: each block's map is 0.5 * A + 0.5 * I, because x + Attn(x) "
-                   "keeps half of every token as it is"),
-        KnownWrong(lambda maps: _product(_fused(maps), first_on_left=True),
-                   "the blocks are multiplied in the wrong order (Â_1 Â_2 ... Â_L); later blocks go on the left: "
-                   "R = Â_L ... Â_1, i.e. rollout = a @ rollout"),
-        KnownWrong(lambda maps: _product([a.mean(1) + eye(a.shape[-1]) for a in maps]),
-                   "A + I is used without renormalising, so the rows sum to 2, 4, 8 ...; use (A + I) / 2, "
-                   "whose rows sum to 1"),
-        KnownWrong(lambda maps: _rollout(maps, head_fusion="max"),
-                   "the heads are fused by their maximum; the rollout of the paper averages them"),
-        KnownWrong(lambda maps: torch.stack(_fused(maps)).mean(0),
-                   "the blocks' maps are averaged; rollout multiplies them (R = Â_L ... Â_1)"),
-        KnownWrong(lambda maps: _fused(maps)[-1], "only the last block's map is used; rollout multiplies all blocks"),
-        KnownWrong(_per_head, "each head is rolled out on its own and the heads averaged at the end; average "
-                   "the heads of each block first, then multiply"),
-    ]  # fmt: skip
-    return run_check("attention_rollout", fn, cases, _rollout, known_wrong=wrongs)
 
 
 def _mean_pool_relevance(maps: Sequence[Tensor]) -> Tensor:
@@ -147,14 +111,9 @@ def _mean_pool_relevance(maps: Sequence[Tensor]) -> Tensor:
 
 
 def mean_pool_rollout(fn: Callable[..., Any]) -> CheckResult:
-    """Check ``fn(attn_maps) -> relevance``: rollout for a model that classifies the mean of its tokens.
+    """Check ``fn(attn_maps) -> relevance``: the mean of the rollout's rows, ``R.mean(dim=1)``.
 
-    A head with mean pooling (timm's ``global_pool="avg"``) reads the average of all ``N``
-    output tokens, so the relevance of input token ``j`` is the average over the output
-    tokens ``i`` of the rollout ``R[i, j]``: the mean of ``R``'s rows, not one token's row.
-    ``R`` is the rollout of :func:`attention_rollout` (heads averaged, ``0.5 * A + 0.5 * I``,
-    rows renormalised, later blocks on the left). The maps here have no class token: every
-    token is a patch. Each returned row sums to 1.
+    ``R = Â_L ... Â_1`` with ``Â = 0.5 * heads' mean + 0.5 * I`` per block (no class token).
 
     Shape: depth x (B, h, N, N) -> (B, N).
     """
