@@ -1,23 +1,17 @@
 """CaiT (Touvron et al., 2021): going deeper with LayerScale and class-attention.
 
-Two changes to ViT/DeiT let CaiT train 24-48 blocks deep, read here in the paper's order:
+Read beside the paper, in its order:
 
-* **LayerScale** (§2): every residual branch is multiplied by a learnable per-channel
-  diagonal matrix, ``x + diag(γ1)·SA(η(x))`` then ``x + diag(γ2)·FFN(η(x))``, with γ
-  starting at a small ε chosen from the network's total depth
-  (:func:`layer_scale_init_for_depth`; pitfall 10: not from the layer index).
-  Its self-attention is talking-heads attention (Shazeer et al., 2020): two H x H maps
-  mix the heads' logits before the softmax (``proj_l``) and the weights after it
-  (``proj_w``).
-* **Class-attention** (§3): the patches go through those blocks *without* a cls token;
-  the cls token enters only in the last two blocks, where it alone is updated,
-  attending to ``[cls, patches]``.
+* §2 **LayerScale**: each residual branch is multiplied by a learnable diagonal matrix,
+  ``x + diag(γ1)·SA(η(x))``, then ``x + diag(γ2)·FFN(η(x))`` (:class:`LayerScaleBlock`),
+  γ starting at one small ε chosen from the total depth (pitfall 10: not the layer index).
+  SA is talking-heads attention (Shazeer et al., 2020): ``proj_l`` mixes the heads'
+  logits before the softmax, ``proj_w`` their weights after it.
+* §3 **Class-attention**: the patches go through those blocks without a cls token; it
+  joins in the last two blocks (:class:`LayerScaleBlockClassAttn`), where it alone is
+  updated, attending to ``[cls, patches]``.
 
-Reads top to bottom: LayerScale -> talking-heads attention -> LayerScale block ->
-class-attention -> class-attention block -> config -> model -> presets -> timm weight
-conversion. Names follow timm's ``cait.py`` and the official code (``TalkingHeadAttn``,
-``LayerScaleBlock``, ``ClassAttn``, ``LayerScaleBlockClassAttn``, ``blocks``,
-``blocks_token_only``, ``proj_l``, ``proj_w``), except that LayerScale is a module
+Names as in timm's ``cait.py`` and the official code, except that LayerScale is a module
 (``ls1.gamma`` for timm's ``gamma_1``; :func:`convert_timm` renames).
 """
 
@@ -48,7 +42,7 @@ from vitlab.layers import (
 )
 from vitlab.models._init import init_vit_weights
 
-# ---------------------------------------------------------------- §2: LayerScale
+# ---------------------------------------------------------------- §2: LayerScale, talking heads
 
 
 class LayerScale(nn.Module):
@@ -91,10 +85,6 @@ class HeadMixing(nn.Linear):
     """
 
     def forward(self, maps: Tensor) -> Tensor:
-        if maps.ndim != 4 or maps.shape[1] != self.in_features:
-            raise ValueError(
-                f"expected attention maps (B, {self.in_features}, N_q, N_k), got shape {tuple(maps.shape)}"
-            )
         mixed = F.linear(rearrange(maps, "B h i j -> B i j h"), self.weight, self.bias)  # (B, N_q, N_k, H')
         return rearrange(mixed, "B i j h -> B h i j")
 
@@ -234,9 +224,6 @@ class ClassAttn(nn.Module):
         out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
         return with_attn(out, attn, return_attn)
 
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}, head_dim={self.head_dim}, fused_attn={self.fused_attn}"
-
 
 class LayerScaleBlockClassAttn(nn.Module):
     """Class-attention block: only the cls token is updated, the patches are read, not changed.
@@ -299,14 +286,8 @@ class CaiTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        check_patch_encoder_config(
-            img_size=self.img_size,
-            patch_size=self.patch_size,
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            in_chans=self.in_chans,
-            depth=self.depth,
-        )
+        check_patch_encoder_config(img_size=self.img_size, patch_size=self.patch_size, embed_dim=self.embed_dim,
+                                   num_heads=self.num_heads, in_chans=self.in_chans, depth=self.depth)  # fmt: skip
         if self.depth_token_only <= 0:
             raise ValueError(
                 f"depth_token_only must be >= 1 (the cls token enters only in the class-attention "
