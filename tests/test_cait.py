@@ -1,4 +1,4 @@
-"""CaiT: parameter formula, timm weight equivalence, talking heads, class attention, bad configs.
+"""CaiT: parameter formula, timm logits, LayerScale, talking heads, class attention, bad configs.
 
 Checks shared by every family live in tests/test_contract.py.
 """
@@ -12,15 +12,15 @@ from torch import nn
 
 import vitlab
 from conftest import assert_same_logits, count_on_meta, load_reference, random_images, timm_model
-from vitlab.layers import ClassAttention, explicit_attention
-from vitlab.models import cait
+from vitlab.layers import explicit_attention
 from vitlab.models.cait import (
     CaiTConfig,
+    ClassAttn,
     HeadMixing,
+    LayerScale,
+    LayerScaleBlock,
     TalkingHeadAttn,
     layer_scale_init_for_depth,
-    mix_heads,
-    mix_heads_fast,
 )
 
 CAIT_NAMES = ["cait_xxs24_224", "cait_xs24_224", "cait_s24_224"]
@@ -58,26 +58,34 @@ def _exercise_every_branch(reference: torch.nn.Module) -> torch.nn.Module:
 
     At timm's init, LayerScale is 1e-5 and every bias 0, so a block's output barely moves
     the residual stream: a wrong talking-heads or class-attention layer would change the
-    logits by less than the 1e-4 tolerance. Larger gammas and random biases make it show.
+    logits by less than the 1e-4 tolerance, and with timm's weights (std 0.02) the
+    attention logits are so small that every map is near uniform, mixed or not. Random
+    gammas (about 0.3), biases, and linear weights at fan-in scale make it show.
     """
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, param in reference.named_parameters():
-            if "gamma" in name:
+            if param.ndim == 2:  # a linear layer's weight (C_out, C_in): O(1) activations, sharp maps
+                param.copy_(torch.randn(param.shape, generator=generator) * param.shape[1] ** -0.5)
+            elif "gamma" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
             elif name.endswith("bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
     return reference
 
 
-# CaiT-XS-24 is left out: timm has it only at 384 px, and its layers are the same code as
-# XXS and S (it is checked by parameter count). XXS-24: tests/test_contract.py.
-@pytest.mark.parametrize("name", ["cait_s24_224"])
-@pytest.mark.slow
-def test_timm_weights_give_same_logits(name: str) -> None:
-    reference = _exercise_every_branch(timm_model(name))
-    model = load_reference(name, reference)
-    assert_same_logits(model, reference, random_images(2))
+def test_timm_weights_give_same_logits_on_both_paths() -> None:
+    # The reference test of the family: timm's CaiT-XXS cut to 2 + 2 blocks, every weight
+    # perturbed and the gammas random, so each branch moves the logits. Both our paths
+    # (class-attention fused or explicit) must give timm's logits.
+    reference = _exercise_every_branch(timm_model("cait_xxs24_224", depth=2))
+    model = load_reference("cait_xxs24_224", reference, depth=2)
+    images = random_images(2)
+    assert_same_logits(vitlab.set_fused_attention(model, True), reference, images)
+    assert_same_logits(vitlab.set_fused_attention(model, False), reference, images)
+    with torch.no_grad():
+        gammas = [p for n, p in model.named_parameters() if n.endswith("gamma")]
+        assert len(gammas) == 8 and min(g.abs().max().item() for g in gammas) > 0.1  # the branches matter
 
 
 def test_convert_timm_renames_only_layer_scale() -> None:
@@ -91,15 +99,22 @@ def test_convert_timm_renames_only_layer_scale() -> None:
     assert vitlab.convert_state_dict("cait_xxs24_224", official).keys() == converted.keys()
 
 
-def test_class_attention_layer_paths_and_map_shape() -> None:
-    layer = ClassAttention(64, num_heads=4).eval()
+def test_class_attention_is_one_query_over_cls_and_patches_on_both_paths() -> None:
+    torch.manual_seed(0)
+    layer = ClassAttn(64, num_heads=4).eval()
     x = torch.randn(2, 1 + 49, 64)
+    heads = "B n (h d) -> B h n d"
+    q = rearrange(layer.q(x[:, :1]), heads, h=4)  # only the cls token asks
+    k, v = (rearrange(f(x), heads, h=4) for f in (layer.k, layer.v))  # keys, values: [cls, patches]
+    attn = (q @ k.transpose(-2, -1) * 16**-0.5).softmax(-1)  # (2, 4, 1, 50)
+    expected = layer.proj(rearrange(attn @ v, "B h n d -> B n (h d)"))
     out_fused = layer(x)
     layer.fused_attn = False
-    out_explicit, attn = layer(x, return_attn=True)
-    assert out_fused.shape == (2, 1, 64) and attn.shape == (2, 4, 1, 50)
-    torch.testing.assert_close(out_fused, out_explicit, atol=1e-5, rtol=0)
-    torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4, 1))
+    out_explicit, attn_explicit = layer(x, return_attn=True)
+    assert out_fused.shape == (2, 1, 64)
+    torch.testing.assert_close(out_explicit, expected)
+    torch.testing.assert_close(attn_explicit, attn)
+    torch.testing.assert_close(out_fused, expected, atol=1e-5, rtol=0)
 
 
 def test_class_attention_blocks_leave_patches_unchanged() -> None:
@@ -109,12 +124,44 @@ def test_class_attention_blocks_leave_patches_unchanged() -> None:
         patches = model.forward_patches(images)
         features = model.norm(patches)
         torch.testing.assert_close(model.forward_features(images)[:, 1:], features)
-    maps = model.get_class_attention_maps(images)
-    assert len(maps) == 2 and maps[0].shape == (1, 4, 1, 197)
-    every = model.get_attention_maps(images)  # 2 self-attention maps over the patches, then these
-    assert [m.shape for m in every] == [(1, 4, 196, 196)] * 2 + [(1, 4, 1, 197)] * 2
-    for a, b in zip(every[2:], maps):
-        torch.testing.assert_close(a, b)
+    records = vitlab.attention_maps(model, images)  # 2 talking-heads maps over the patches, then class-attention
+    assert [(r.kind, tuple(r.attn.shape)) for r in records] == [("mixed", (1, 4, 196, 196))] * 2 + [
+        ("class", (1, 4, 1, 197))
+    ] * 2
+
+
+def _perturbed_talking_heads() -> TalkingHeadAttn:
+    torch.manual_seed(0)
+    layer = TalkingHeadAttn(64, num_heads=4).eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return layer
+
+
+def test_talking_heads_is_the_papers_mixing_before_and_after_the_softmax() -> None:
+    layer = _perturbed_talking_heads()
+    x = torch.randn(2, 10, 64)
+    q, k, v = rearrange(layer.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=4)
+    logits = q @ k.transpose(-2, -1) * 16**-0.5
+    mixed = torch.einsum("gh,bhij->bgij", layer.proj_l.weight, logits) + layer.proj_l.bias[:, None, None]
+    softmax = mixed.softmax(-1)
+    weights = torch.einsum("gh,bhij->bgij", layer.proj_w.weight, softmax) + layer.proj_w.bias[:, None, None]
+    out, attn = layer(x, return_attn=True)
+    torch.testing.assert_close(attn, weights)
+    torch.testing.assert_close(out, layer.proj(rearrange(weights @ v, "B h N d -> B N (h d)")))
+    records = vitlab.attention_maps(layer, x)  # the map after proj_w, and the softmax maps before it
+    torch.testing.assert_close(records[0].unmixed, softmax)
+
+
+def test_talking_heads_has_only_the_explicit_path() -> None:
+    layer = _perturbed_talking_heads()
+    assert not hasattr(layer, "fused_attn")
+    x = torch.randn(2, 10, 64)
+    before = layer(x)
+    vitlab.set_fused_attention(layer, True)  # nothing to switch: the output stays the same
+    assert not hasattr(layer, "fused_attn")
+    torch.testing.assert_close(layer(x), before)
 
 
 def test_talking_heads_with_identity_mixing_is_standard_attention() -> None:
@@ -131,22 +178,25 @@ def test_talking_heads_with_identity_mixing_is_standard_attention() -> None:
     torch.testing.assert_close(out, layer.proj(rearrange(expected, "B h N d -> B N (h d)")))
 
 
-def test_the_switch_reaches_the_talking_heads_fast_mixing(monkeypatch: pytest.MonkeyPatch) -> None:
-    # set_fused_attention(model, False) turns off the head mixing's speed path too; the
-    # outputs stay the same (tests/test_contract.py checks every family).
-    model = vitlab.create_model("cait_xxs24_224", depth=1, depth_token_only=1).eval()
-    calls = []
-    monkeypatch.setattr(cait, "mix_heads_fast", lambda *args: calls.append(1) or mix_heads(*args))
-    images = random_images(1)
+def test_layer_scale_is_a_diagonal_matrix() -> None:
+    ls = LayerScale(4, init_values=0.5)
     with torch.no_grad():
-        fast = vitlab.set_fused_attention(model, True)(images)
-        assert len(calls) == 2  # proj_l and proj_w of the one talking-heads block
-        plain = vitlab.set_fused_attention(model, False)(images)
-        assert len(calls) == 2 and model.blocks[0].attn.fused_attn is False
-    torch.testing.assert_close(plain, fast, atol=1e-5, rtol=1e-5)
-    model.blocks[0].attn.fused_attn = True
-    model.blocks[0].attn(torch.randn(1, 196, 192), return_attn=True)  # return_attn takes the plain path
-    assert len(calls) == 2
+        ls.gamma.copy_(torch.tensor([0.5, -1.0, 2.0, 0.1]))
+    x = torch.randn(2, 3, 4)
+    torch.testing.assert_close(ls(x), x @ torch.diag(ls.gamma))
+
+
+def test_layer_scale_block_is_the_papers_equation() -> None:
+    # CaiT eq.: x' = x + diag(γ1) SA(η(x)), then x' + diag(γ2) FFN(η(x')).
+    torch.manual_seed(0)
+    block = LayerScaleBlock(32, num_heads=4, init_values=1e-5).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    x = torch.randn(2, 9, 32)
+    g1, g2 = torch.diag(block.ls1.gamma), torch.diag(block.ls2.gamma)
+    mid = x + block.attn(block.norm1(x)) @ g1
+    torch.testing.assert_close(block(x), mid + block.mlp(block.norm2(mid)) @ g2)
 
 
 def test_layer_scale_init_by_total_depth() -> None:
@@ -199,36 +249,12 @@ def test_list_models_has_the_cait_presets() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("heads_out", [4, 6])
 def test_head_mixing_is_a_linear_layer_on_the_head_axis(bias: bool, heads_out: int) -> None:
-    # The batched form must equal timm's "heads last, nn.Linear, heads back", values and gradients.
+    # out[:, g] = sum_h W[g, h] maps[:, h] + b[g], at every (i, j).
     torch.manual_seed(0)
     mixing = HeadMixing(4, heads_out, bias=bias)
-    plain = nn.Linear(4, heads_out, bias=bias)
-    plain.load_state_dict(mixing.state_dict())
-    maps = torch.randn(2, 4, 7, 5, requires_grad=True)
-    fast = mixing(maps, fast=True)
-    slow = rearrange(plain(rearrange(maps, "B h i j -> B i j h")), "B i j h -> B h i j")
-    assert fast.shape == (2, heads_out, 7, 5)
-    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-6)
-    weights = torch.randn_like(fast)
-    grads = [
-        torch.autograd.grad((out * weights).sum(), [maps, layer.weight])
-        for out, layer in ((fast, mixing), (slow, plain))
-    ]
-    for ours, reference in zip(*grads):
-        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
-
-
-def test_head_mixing_rejects_maps_with_another_head_count() -> None:
-    with pytest.raises(ValueError, match=r"expected attention maps \(B, 4, N_q, N_k\), got shape \(2, 3, 5, 5\)"):
-        HeadMixing(4, 4)(torch.randn(2, 3, 5, 5))
-    with pytest.raises(ValueError, match=r"got shape \(3, 5, 5\)"):
-        HeadMixing(4, 4)(torch.randn(3, 5, 5))
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_head_mixing_fast_path_equals_the_plain_form(bias: bool) -> None:
-    maps = torch.randn(2, 4, 9, 9)
-    layer = HeadMixing(4, 6, bias=bias)
-    b = layer.bias if bias else None
-    torch.testing.assert_close(mix_heads_fast(maps, layer.weight, b), mix_heads(maps, layer.weight, b))
-    torch.testing.assert_close(layer(maps, fast=True), layer(maps))
+    maps = torch.randn(2, 4, 7, 5)
+    expected = torch.einsum("gh,bhij->bgij", mixing.weight, maps)
+    if bias:
+        expected = expected + mixing.bias[:, None, None]
+    torch.testing.assert_close(mixing(maps), expected)
+    assert isinstance(mixing, nn.Linear)  # the same state dict as timm's nn.Linear

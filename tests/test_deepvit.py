@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import vitlab
-from conftest import count_on_meta, random_images
+from conftest import count_on_meta, perturb_, random_images
 from vitlab.layers import Attention
-from vitlab.models.deepvit import DeepViTConfig, ReAttention
+from vitlab.models.deepvit import DeepViTConfig, ReAttention, ReAttentionBlock
 
 DEEPVIT_NAMES = ["deepvit_s", "deepvit_l"]
 # A small DeepViT for the tests that run forward passes (the stem needs 224 px).
@@ -87,10 +87,64 @@ def test_identity_reattention_is_plain_attention(fused: bool) -> None:
 
 def test_reattended_maps_are_no_longer_probabilities() -> None:
     model = vitlab.create_model("deepvit_s", **SMALL).eval()
-    maps = model.get_attention_maps(random_images(2))
-    assert len(maps) == 4 and all(m.shape == (2, 4, 197, 197) for m in maps)
+    records = vitlab.attention_maps(model, random_images(2))
+    assert [r.kind for r in records] == ["self", "self", "re-attention", "re-attention"]
+    maps = [r.attn for r in records]
+    assert all(m.shape == (2, 4, 197, 197) for m in maps)
     torch.testing.assert_close(maps[1].sum(-1), torch.ones(2, 4, 197))  # plain attention
     assert not torch.allclose(maps[3].sum(-1), torch.ones(2, 4, 197))  # re-attention: mixed, normalised
+    torch.testing.assert_close(records[3].unmixed.sum(-1), torch.ones(2, 4, 197))  # the softmax maps before
+
+
+def _perturbed_reattention(transform_scale: bool) -> ReAttention:
+    torch.manual_seed(0)
+    return perturb_(ReAttention(48, num_heads=4, transform_scale=transform_scale), std=0.3).eval()
+
+
+@pytest.mark.parametrize("transform_scale", [True, False])
+def test_reattention_is_the_papers_equation(transform_scale: bool) -> None:
+    # DeepViT eq. 3: ReAttention(Q, K, V) = Norm(θ^T softmax(Q K^T / sqrt(d))) V, written out
+    # with the BatchNorm in eval mode (running statistics, perturbed) and the official
+    # transform_scale (DeepViT-S) as one more factor d^-1/2.
+    module = _perturbed_reattention(transform_scale)
+    x = torch.randn(2, 7, 48)
+    d = 12
+    q, k, v = module.qkv(x).reshape(2, 7, 3, 4, d).permute(2, 0, 3, 1, 4)  # each (B, h, N, d)
+    softmax = (q @ k.transpose(-2, -1) / d**0.5).softmax(-1)
+    theta = module.reatten_matrix.weight[:, :, 0, 0].T  # θ[h, g]: head h feeds new head g
+    mixed = torch.einsum("bhij,hg->bgij", softmax, theta) + module.reatten_matrix.bias[:, None, None]
+    bn = module.var_norm
+    per_head = (slice(None), None, None)
+    normed = (mixed - bn.running_mean[per_head]) / torch.sqrt(bn.running_var[per_head] + bn.eps)
+    normed = normed * bn.weight[per_head] + bn.bias[per_head]
+    if transform_scale:
+        normed = normed * d**-0.5
+    expected = module.proj((normed @ v).transpose(1, 2).reshape(2, 7, 48))
+    with torch.no_grad():
+        out, attn = module(x, return_attn=True)
+    torch.testing.assert_close(attn, normed.detach())
+    torch.testing.assert_close(out, expected.detach())
+
+
+def test_reattention_block_is_the_pre_norm_equation() -> None:
+    torch.manual_seed(0)
+    block = perturb_(ReAttentionBlock(48, num_heads=4), std=0.3).eval()
+    x = torch.randn(2, 7, 48)
+    with torch.no_grad():
+        mid = x + block.attn(block.norm1(x))
+        torch.testing.assert_close(block(x), mid + block.mlp(block.norm2(mid)))
+    assert isinstance(block.attn, ReAttention)
+
+
+def test_fused_and_explicit_paths_agree_on_a_perturbed_model() -> None:
+    # The plain blocks switch paths; the re-attention blocks have only the explicit one.
+    torch.manual_seed(0)
+    model = perturb_(vitlab.create_model("deepvit_s", **SMALL), std=0.1).eval()
+    images = random_images(2)
+    with torch.no_grad():
+        fused = vitlab.set_fused_attention(model, True)(images)
+        explicit = vitlab.set_fused_attention(model, False)(images)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
 
 
 @torch.no_grad()

@@ -27,7 +27,7 @@ def test_deepvit_figure_numbers() -> None:
     image = torch.zeros(1, cfg.in_chans, cfg.img_size, cfg.img_size)
     with torch.no_grad():
         tokens = model.embed(image)  # (1, 1 + N, D)
-        maps = model.get_attention_maps(image)  # depth x (1, h, T, T)
+        maps = [m.attn for m in vitlab.attention_maps(model, image)]  # depth x (1, h, T, T)
         logits = model(image)
         hidden = model.blocks[-1].mlp.fc1(tokens).shape[-1]
     T, D = tokens.shape[1:]

@@ -13,7 +13,6 @@ from vitlab.layers import (
     Block,
     ClassAttention,
     DropPath,
-    LayerScale,
     Mlp,
     PatchEmbed,
     UnfoldPatchEmbed,
@@ -112,12 +111,17 @@ def test_attention_rejects_bad_head_count() -> None:
         Attention(10, num_heads=4)
 
 
-def test_block_preserves_shape_and_layerscale_starts_small() -> None:
-    block = Block(16, num_heads=2, init_values=1e-5).eval()
+def test_block_is_the_pre_norm_equation() -> None:
+    torch.manual_seed(0)
+    block = Block(16, num_heads=2, scale=0.1).eval()
+    for p in block.parameters():  # LayerNorm gains and biases away from 1 and 0, so a swapped norm shows
+        p.data.add_(0.1 * torch.randn_like(p))
     x = torch.randn(2, 7, 16)
     y, attn = block(x, return_attn=True)
-    assert y.shape == x.shape and attn.shape == (2, 2, 7, 7)
-    assert (y - x).abs().max() < 1e-3  # both residual branches scaled by 1e-5
+    assert block.attn.scale == 0.1 and attn.shape == (2, 2, 7, 7)
+    mid = x + block.attn(block.norm1(x))  # x + Attn(LN(x))
+    torch.testing.assert_close(y, mid + block.mlp(block.norm2(mid)))  # then x + MLP(LN(x))
+    assert [name for name, _ in block.named_children()] == ["norm1", "attn", "drop_path1", "norm2", "mlp", "drop_path2"]
 
 
 def test_mlp_has_one_hidden_layer() -> None:
@@ -135,12 +139,6 @@ def test_drop_path_keeps_expectation_and_is_identity_in_eval() -> None:
         DropPath(1.0)
 
 
-def test_layer_scale_is_a_diagonal_matrix() -> None:
-    ls = LayerScale(4, init_values=0.5)
-    x = torch.randn(2, 3, 4)
-    torch.testing.assert_close(ls(x), x @ torch.diag(ls.gamma))
-
-
 def test_sincos_embeddings() -> None:
     table = sincos_2d_position_embedding((14, 14), 64)
     assert table.shape == (196, 64)
@@ -155,13 +153,14 @@ def test_sincos_embeddings() -> None:
         sincos_2d_position_embedding((2, 2), 6)
 
 
-def test_block_refuses_arguments_it_would_ignore_with_an_attention_module() -> None:
-    attn = Attention(16, num_heads=2)
-    with pytest.raises(TypeError, match=r"Block got attn=Attention and \['fused_attn', 'num_heads'\]"):
-        Block(16, num_heads=2, fused_attn=False, attn=attn)
-    assert Block(16, attn=attn).attn is attn
-    with pytest.raises(TypeError, match="Block needs num_heads"):
-        Block(16)
+def test_block_takes_no_attention_module_and_needs_num_heads() -> None:
+    # A paper's own attention or LayerScale lives in its own block (models/cait.py, models/deepvit.py).
+    with pytest.raises(TypeError, match="attn"):
+        Block(16, num_heads=2, attn=Attention(16, num_heads=2))  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="init_values"):
+        Block(16, num_heads=2, init_values=1e-5)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="num_heads"):
+        Block(16)  # type: ignore[call-arg]
 
 
 def test_classifier_head_and_num_classes_check() -> None:

@@ -5,7 +5,6 @@ from vitlab.layers.block import Block, drop_path_rates, encoder_blocks
 from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers.drop_path import DropPath, drop_path
 from vitlab.layers.head import check_num_classes, classifier_head
-from vitlab.layers.layer_scale import LayerScale
 from vitlab.layers.mlp import Mlp
 from vitlab.layers.patch_embed import (
     PatchEmbed,
@@ -28,7 +27,6 @@ __all__ = [
     "Block",
     "ClassAttention",
     "DropPath",
-    "LayerScale",
     "Mlp",
     "PatchEmbed",
     "UnfoldPatchEmbed",

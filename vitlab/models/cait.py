@@ -1,23 +1,18 @@
 """CaiT (Touvron et al., 2021): going deeper with LayerScale and class-attention.
 
-Two changes to ViT/DeiT let CaiT train 24-48 blocks deep:
+Read beside the paper, in its order:
 
-* **LayerScale**: every residual branch is multiplied by a learnable per-channel
-  diagonal matrix ``diag(gamma)`` that starts at a small ε, chosen from the network's
-  total depth (:func:`layer_scale_init_for_depth`; Pitfall 10: not from the layer index).
-* **Class-attention**: the patches are processed by self-attention blocks *without* a
-  cls token; the cls token enters only in the last two blocks, where it alone is updated,
-  attending to ``[cls, patches]``.
+* §2 **LayerScale**: each residual branch is multiplied by a learnable diagonal matrix,
+  ``x + diag(γ1)·SA(η(x))``, then ``x + diag(γ2)·FFN(η(x))`` (:class:`LayerScaleBlock`),
+  γ starting at one small ε chosen from the total depth (pitfall 10: not the layer index).
+  SA is talking-heads attention (Shazeer et al., 2020): ``proj_l`` mixes the heads'
+  logits before the softmax, ``proj_w`` their weights after it.
+* §3 **Class-attention**: the patches go through those blocks without a cls token; it
+  joins in the last two blocks (:class:`LayerScaleBlockClassAttn`), where it alone is
+  updated, attending to ``[cls, patches]``.
 
-The self-attention blocks use talking-heads attention (Shazeer et al., 2020): two H x H
-maps mix the heads' attention logits before the softmax (``proj_l``) and the weights
-after it (``proj_w``).
-
-Reads top to bottom: attention layers -> class-attention block -> config -> model ->
-paper presets -> timm weight conversion -> speed paths (the same functions, faster; off
-with ``vitlab.set_fused_attention(model, False)``). Names follow timm and the official code
-(``blocks``, ``blocks_token_only``, ``proj_l``, ``proj_w``), except that LayerScale is
-the shared :class:`~vitlab.layers.LayerScale` module (``ls1.gamma`` for timm's ``gamma_1``).
+Names as in timm's ``cait.py`` and the official code, except that LayerScale is a module
+(``ls1.gamma`` for timm's ``gamma_1``; :func:`convert_timm` renames).
 """
 
 from __future__ import annotations
@@ -31,22 +26,38 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
-    Block,
-    ClassAttention,
-    LayerScale,
+    DropPath,
     Mlp,
     PatchEmbed,
     check_heads,
     check_num_classes,
     check_patch_encoder_config,
     classifier_head,
+    explicit_attention,
+    fused_attention,
     learned_position_embedding,
     with_attn,
 )
 from vitlab.models._init import init_vit_weights
+
+# ---------------------------------------------------------------- §2: LayerScale, talking heads
+
+
+class LayerScale(nn.Module):
+    """``diag(γ) x``: each channel times a learnable scalar, written as the broadcast ``x * γ``.
+
+    γ starts at ``init_values`` (ε, small), so every residual branch starts close to zero.
+    Shape: x (B, N, C) -> (B, N, C).
+    """
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
 
 
 def layer_scale_init_for_depth(depth: int) -> float:
@@ -66,33 +77,16 @@ def layer_scale_init_for_depth(depth: int) -> float:
     return 1e-6
 
 
-def mix_heads(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """Mix the heads: move them last, apply the linear layer, move them back (timm, official
-    code).
-
-    Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
-    """
-    mixed = F.linear(rearrange(maps, "B h i j -> B i j h"), weight, bias)  # (B, N_q, N_k, H')
-    return rearrange(mixed, "B i j h -> B h i j")
-
-
 class HeadMixing(nn.Linear):
-    """An ``nn.Linear(H, H')`` applied across the head axis of attention maps, at every (i, j).
-
-    Same parameters as the official ``nn.Linear`` (so the same state dict). ``fast=True``
-    computes the same function with :func:`mix_heads_fast` (the speed path, end of file).
+    """An ``nn.Linear(H, H')`` applied across the head axis of attention maps, at every (i, j):
+    heads moved last, the linear layer, heads moved back (as timm and the official code).
 
     Shape: maps (B, H, N_q, N_k) -> (B, H', N_q, N_k).
     """
 
-    def forward(self, maps: Tensor, fast: bool = False) -> Tensor:
-        if maps.ndim != 4 or maps.shape[1] != self.in_features:
-            raise ValueError(
-                f"expected attention maps (B, {self.in_features}, N_q, N_k), got shape {tuple(maps.shape)}"
-            )
-        if fast:
-            return mix_heads_fast(maps, self.weight, self.bias)
-        return mix_heads(maps, self.weight, self.bias)
+    def forward(self, maps: Tensor) -> Tensor:
+        mixed = F.linear(rearrange(maps, "B h i j -> B i j h"), self.weight, self.bias)  # (B, N_q, N_k, H')
+        return rearrange(mixed, "B i j h -> B h i j")
 
 
 class TalkingHeadAttn(nn.Module):
@@ -100,11 +94,10 @@ class TalkingHeadAttn(nn.Module):
 
     ``proj_l`` mixes the H heads' logits before the softmax, ``proj_w`` mixes the
     attention weights after it; both act on the head axis at every (query, key) pair.
-    The attention itself has only an explicit path: a fused kernel computes
+    Only the explicit path exists: ``F.scaled_dot_product_attention`` computes
     ``softmax(q k^T) v`` in one call and never exposes the logits or the weights, so there
-    is nothing to mix. ``fused_attn`` switches the head mixing's speed path
-    (:func:`mix_heads_fast`, end of file; ``return_attn=True`` takes the plain one), so
-    :func:`vitlab.set_fused_attention` reaches it like every other speed path.
+    would be nothing to mix. So there is no ``fused_attn`` attribute, and
+    :func:`vitlab.set_fused_attention` leaves this layer alone.
 
     The map it returns (after ``proj_w``) is a mix of softmax maps: its rows need not sum
     to 1 and can have negative weights (``attn_kind = "mixed"``).
@@ -118,17 +111,9 @@ class TalkingHeadAttn(nn.Module):
     unmixed_input: ClassVar[str] = "proj_w"
 
     def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int = 8,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        fused_attn: bool = True,
+        self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0
     ) -> None:
         super().__init__()
-        self.fused_attn = fused_attn
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
         self.scale = self.head_dim**-0.5
@@ -144,23 +129,106 @@ class TalkingHeadAttn(nn.Module):
 
     def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Shape: x (B, N, C) -> (B, N, C) [, attn (B, h, N, N) when ``return_attn``]."""
-        fast = self.fused_attn and not return_attn
         q, k, v = rearrange(self.qkv(x), "B N (qkv h d) -> qkv B h N d", qkv=3, h=self.num_heads)
         logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, h, N, N)
-        logits = self.proj_l(logits, fast)  # talking heads: mix the heads' logits at every (i, j) ...
-        attn = self.proj_w(logits.softmax(dim=-1), fast)  # ... and their weights after the softmax
+        logits = self.proj_l(logits)  # talking heads: mix the heads' logits at every (i, j) ...
+        attn = self.proj_w(logits.softmax(dim=-1))  # ... and their weights after the softmax
         attn = self.attn_drop(attn)
         out = rearrange(attn @ v, "B h N d -> B N (h d)")
         out = self.proj_drop(self.proj(out))
         return with_attn(out, attn, return_attn)
 
 
-class ClassAttentionBlock(nn.Module):
-    """Pre-norm block that updates only the cls token (timm's ``LayerScaleBlockClassAttn``).
+class LayerScaleBlock(nn.Module):
+    """CaiT's self-attention block: ``x + diag(γ1)·SA(η(x))``, then ``x + diag(γ2)·FFN(η(x))``.
 
-    ``x_cls + ls1(CA(LN([x_cls, x])))`` then ``+ ls2(MLP(LN(x_cls)))``. The patches are
-    read (as keys and values) but not changed: they are frozen in the class-attention stage.
+    η is LayerNorm, SA talking-heads attention, ``ls1``/``ls2`` the two LayerScales.
+    Shape: x (B, N, C) -> (B, N, C).
+    """
 
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = TalkingHeadAttn(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
+        self.ls1 = LayerScale(dim, init_values)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.ls2 = LayerScale(dim, init_values)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path(self.ls1(self.attn(self.norm1(x))))  # x + diag(γ1)·SA(η(x))
+        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # x + diag(γ2)·FFN(η(x))
+
+
+# ---------------------------------------------------------------- §3: class-attention
+
+
+class ClassAttn(nn.Module):
+    """Class-attention: the cls token is the only query over ``[cls, patches]``.
+
+    One query row makes the map ``(1, 1 + N)`` per head instead of ``(N, N)``, so the cost
+    is linear in N. Separate ``q``, ``k``, ``v`` layers, as in the official code and timm.
+    The softmax is the standard one, so both paths exist (``fused_attn``).
+
+    Shape: x (B, 1 + N, C), cls token first -> (B, 1, C); attn (B, h, 1, 1 + N).
+    """
+
+    attn_kind: ClassVar[AttentionKind] = "class"  # its map's label (vitlab.attention_maps)
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = check_heads(dim, num_heads)
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = fused_attn
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N) when ``return_attn``]."""
+        heads = "B n (h d) -> B h n d"
+        q = rearrange(self.q(x[:, :1]), heads, h=self.num_heads)  # (B, h, 1, d): one query
+        k = rearrange(self.k(x), heads, h=self.num_heads)  # (B, h, 1 + N, d)
+        v = rearrange(self.v(x), heads, h=self.num_heads)  # (B, h, 1 + N, d)
+        attn = None
+        if self.fused_attn and not return_attn:
+            p = self.attn_drop.p if self.training else 0.0
+            out = fused_attention(q, k, v, scale=self.scale, dropout_p=p)
+        else:
+            out, attn = explicit_attention(q, k, v, scale=self.scale, attn_drop=self.attn_drop)
+        out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
+        return with_attn(out, attn, return_attn)
+
+
+class LayerScaleBlockClassAttn(nn.Module):
+    """Class-attention block: only the cls token is updated, the patches are read, not changed.
+
+    ``x_cls + diag(γ1)·CA(η([x_cls, x]))``, then ``x_cls + diag(γ2)·FFN(η(x_cls))``.
     Shape: x (B, N, C) patches, x_cls (B, 1, C) -> (B, 1, C).
     """
 
@@ -172,23 +240,24 @@ class ClassAttentionBlock(nn.Module):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         init_values: float = 1e-5,
-        norm_eps: float = 1e-6,
         fused_attn: bool = True,
     ) -> None:
         super().__init__()
         # No dropout and no drop path here: the official code builds these blocks with 0.
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = ClassAttention(dim, num_heads=num_heads, qkv_bias=qkv_bias, fused_attn=fused_attn)
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = ClassAttn(dim, num_heads=num_heads, qkv_bias=qkv_bias, fused_attn=fused_attn)
         self.ls1 = LayerScale(dim, init_values)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.ls2 = LayerScale(dim, init_values)
 
     def forward(self, x: Tensor, x_cls: Tensor) -> Tensor:
-        """Shape: x (B, N, C), x_cls (B, 1, C) -> (B, 1, C)."""
-        u = self.norm1(torch.cat([x_cls, x], dim=1))  # (B, 1 + N, C)
-        x_cls = x_cls + self.ls1(self.attn(u))
-        return x_cls + self.ls2(self.mlp(self.norm2(x_cls)))
+        u = torch.cat([x_cls, x], dim=1)  # (B, 1 + N, C)
+        x_cls = x_cls + self.ls1(self.attn(self.norm1(u)))  # x_cls + diag(γ1)·CA(η([x_cls, x]))
+        return x_cls + self.ls2(self.mlp(self.norm2(x_cls)))  # x_cls + diag(γ2)·FFN(η(x_cls))
+
+
+# ---------------------------------------------------------------- the model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,14 +286,8 @@ class CaiTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        check_patch_encoder_config(
-            img_size=self.img_size,
-            patch_size=self.patch_size,
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            in_chans=self.in_chans,
-            depth=self.depth,
-        )
+        check_patch_encoder_config(img_size=self.img_size, patch_size=self.patch_size, embed_dim=self.embed_dim,
+                                   num_heads=self.num_heads, in_chans=self.in_chans, depth=self.depth)  # fmt: skip
         if self.depth_token_only <= 0:
             raise ValueError(
                 f"depth_token_only must be >= 1 (the cls token enters only in the class-attention "
@@ -252,6 +315,13 @@ class CaiT(nn.Module):
     blocks with talking-heads self-attention, then ``depth_token_only`` class-attention
     blocks that bring in the cls token, final LayerNorm, linear head on the cls token.
 
+    Attention maps (:func:`vitlab.attention_maps`, in forward order): first ``depth``
+    talking-heads maps ``(B, h, N, N)``, rows (queries) and columns (keys) both the N
+    patches in row-major grid order, taken after ``proj_w`` (kind ``"mixed"``: a row need
+    not sum to 1; the softmax maps before the mixing are the record's ``unmixed``); then
+    ``depth_token_only`` class-attention maps ``(B, h, 1, 1 + N)`` (kind ``"class"``): one
+    row, the cls token, over the keys ``[cls, patches]`` (key 0 is the cls token).
+
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
 
@@ -265,37 +335,33 @@ class CaiT(nn.Module):
         self.pos_drop = nn.Dropout(config.drop_rate)
         # The same drop-path rate in every block, as in the official code and timm
         # (ViT/DeiT ramp it linearly with depth).
+        c = config
         self.blocks = nn.Sequential(
             *[
-                Block(
+                LayerScaleBlock(
                     D,
-                    mlp_ratio=config.mlp_ratio,
-                    drop=config.drop_rate,
-                    drop_path=config.drop_path_rate,
+                    num_heads=c.num_heads,
+                    mlp_ratio=c.mlp_ratio,
+                    qkv_bias=c.qkv_bias,
+                    drop=c.drop_rate,
+                    attn_drop=c.attn_drop_rate,
+                    drop_path=c.drop_path_rate,
                     init_values=eps,
-                    attn=TalkingHeadAttn(
-                        D,
-                        num_heads=config.num_heads,
-                        qkv_bias=config.qkv_bias,
-                        attn_drop=config.attn_drop_rate,
-                        proj_drop=config.drop_rate,
-                        fused_attn=config.fused_attn,
-                    ),
-                )
-                for _ in range(config.depth)
+                )  # fmt: skip
+                for _ in range(c.depth)
             ]
         )
         self.blocks_token_only = nn.ModuleList(
             [
-                ClassAttentionBlock(
+                LayerScaleBlockClassAttn(
                     D,
-                    num_heads=config.num_heads,
-                    mlp_ratio=config.mlp_ratio_token_only,
-                    qkv_bias=config.qkv_bias,
+                    num_heads=c.num_heads,
+                    mlp_ratio=c.mlp_ratio_token_only,
+                    qkv_bias=c.qkv_bias,
                     init_values=eps,
-                    fused_attn=config.fused_attn,
-                )
-                for _ in range(config.depth_token_only)
+                    fused_attn=c.fused_attn,
+                )  # fmt: skip
+                for _ in range(c.depth_token_only)
             ]
         )
         self.norm = nn.LayerNorm(D, eps=1e-6)
@@ -326,28 +392,6 @@ class CaiT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path), collected during one forward
-        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it was).
-
-        First the ``depth`` talking-heads self-attention maps over the patches alone, rows
-        (queries) and columns (keys) both the N patches in row-major grid order (after
-        ``proj_w``, so a row need not sum to 1: kind ``"mixed"``, the softmax maps before
-        the mixing in the record's ``unmixed``); then the ``depth_token_only``
-        class-attention maps: one row, the cls token, over the keys ``[cls, patches]``.
-
-        Shape: x (B, C, H, W) -> depth x (B, h, N, N) + depth_token_only x (B, h, 1, 1 + N).
-        """
-        return [record.attn for record in attention_maps(self, x)]
-
-    def get_class_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """The class-attention part of :meth:`get_attention_maps`: what the cls token attends
-        to in each class-attention block; key 0 is the cls token.
-
-        Shape: x (B, C, H, W) -> depth_token_only x (B, h, 1, 1 + N).
-        """
-        return [record.attn for record in attention_maps(self, x) if record.kind == "class"]
-
 
 CONFIGS: dict[str, CaiTConfig] = {
     # CaiT paper, Table 1 (24 SA blocks + 2 CA blocks, ε = 1e-5 per §2); timm counts.
@@ -362,7 +406,7 @@ FAMILY = FamilyInfo(
     chapter=6,
     properties=FamilyProperties("CaiT", "learned, N (patches only)", "non-overlapping (k16 s16)",
                                 "linear; talking heads", "no (cls joins late)", "touvron2021cait", "cait_xxs24_224"),
-    token_mixers=(TalkingHeadAttn, ClassAttention),
+    token_mixers=(TalkingHeadAttn, ClassAttn),
     tiny=("cait_xxs24_224", dict(patch_size=16, embed_dim=24, depth=2, num_heads=2, init_values=None)),
     rollout="class_attention",
     benchmark_preset="cait_xxs24_224",
@@ -373,7 +417,7 @@ def convert_timm(state_dict: Mapping[str, Tensor], config: CaiTConfig) -> dict[s
     """timm ``Cait`` (or official ``cait_models``) weights -> ``CaiT``.
 
     timm and the official code store LayerScale as ``gamma_1``/``gamma_2`` on the block;
-    here it is the shared LayerScale module. Every other name is the same.
+    here it is the :class:`LayerScale` module. Every other name is the same.
     """
     out = {}
     for key, value in state_dict.items():
@@ -381,23 +425,3 @@ def convert_timm(state_dict: Mapping[str, Tensor], config: CaiTConfig) -> dict[s
         key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
         out[key] = value
     return out
-
-
-# ---------------------------------------------------------------- speed paths
-# The same functions as above, faster. ``fused_attn=False`` on a layer (every layer at once:
-# ``vitlab.set_fused_attention(model, False)``) skips this section.
-
-
-def mix_heads_fast(maps: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """Speed path of :func:`mix_heads`, the same function: one batched product
-    ``bias + W @ maps`` on the maps viewed as ``(B, H, N*N)``, with no permuted copies of the
-    maps and the bias added in the same kernel (``torch.baddbmm``); 3x faster per call on CPU
-    (benchmarks/README.md). ``tests/test_cait.py`` checks that both agree.
-
-    Shape: maps (B, H, N_q, N_k), weight (H', H), bias (H',) -> (B, H', N_q, N_k).
-    """
-    B, H, Nq, Nk = maps.shape
-    w = weight.expand(B, -1, -1)  # (B, H', H), a view: no copy per batch element
-    flat = maps.reshape(B, H, Nq * Nk)
-    mixed = torch.bmm(w, flat) if bias is None else torch.baddbmm(bias[:, None], w, flat)
-    return mixed.view(B, -1, Nq, Nk)

@@ -5,7 +5,7 @@ In a deep ViT the attention maps of neighbouring blocks become almost the same
 maps of the ``h`` heads of a block with a learnable ``h x h`` matrix θ and normalises the
 result with BatchNorm: ``ReAttention(Q, K, V) = Norm(θ^T softmax(Q K^T / sqrt(d))) V``.
 
-Reads top to bottom: config -> CNN patch stem -> re-attention -> model -> presets.
+Reads top to bottom: config -> CNN patch stem -> re-attention -> its block -> model -> presets.
 Matches the official code (zhoudaquan/dvit_repo, ``models/deep_vision_transformer.py`` and
 ``models/layers.py`` at commit 1ccb152c), parameter names included, so its checkpoints
 load with no renames.
@@ -20,17 +20,19 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
     Block,
+    DropPath,
+    Mlp,
     check_heads,
     check_image,
     check_num_classes,
     classifier_head,
     drop_path_rates,
     learned_position_embedding,
+    with_attn,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -174,18 +176,59 @@ class ReAttention(nn.Module):
         attn = self.var_norm(self.reatten_matrix(attn)) * self.reatten_scale
         out = rearrange(attn @ v, "B h N d -> B N (h d)")
         out = self.proj_drop(self.proj(out))
-        if return_attn:
-            return out, attn
-        return out
+        return with_attn(out, attn, return_attn)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, reatten_scale={self.reatten_scale:.4f}"
+
+
+class ReAttentionBlock(nn.Module):
+    """The pre-norm block with re-attention in place of self-attention (official ``Block``
+    with ``apply_transform=True``): ``x + ReAttn(LN(x))``, then ``x + MLP(LN(x))``.
+
+    Parameter names as in :class:`vitlab.layers.Block` and the official code.
+    Shape: x (B, N, C) -> (B, N, C).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 3.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        transform_scale: bool = False,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = ReAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
+            transform_scale=transform_scale,
+        )  # fmt: skip
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
 class DeepViT(nn.Module):
     """DeepViT: CNN patch stem, cls token, learned position embedding, pre-norm blocks
     (plain attention first, re-attention in the last ``num_reattention_blocks``), final
     LayerNorm, linear head on the cls token.
+
+    Attention maps (:func:`vitlab.attention_maps`, one per block in forward order,
+    ``(B, h, 1 + N, 1 + N)``): the map each block multiplies the values with; rows
+    (queries) and columns (keys) index ``[cls, patches]``, patches in row-major grid
+    order. In a re-attention block it is the re-attended map (kind ``"re-attention"``): a
+    mix of the heads' softmax maps normalised by BatchNorm, whose rows need not sum to 1;
+    the softmax maps themselves are the record's ``unmixed``.
 
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
@@ -198,37 +241,28 @@ class DeepViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = learned_position_embedding(config.num_patches + 1, D)
         self.pos_drop = nn.Dropout(config.drop_rate)
-        first_reattention = config.depth - config.num_reattention_blocks
+        # Plain blocks first, re-attention in the last num_reattention_blocks (official
+        # apply_transform = [False] * (depth - k) + [True] * k).
+        c, first_reattention = config, config.depth - config.num_reattention_blocks
+        rates = drop_path_rates(c.drop_path_rate, c.depth)
         self.blocks = nn.Sequential(
             *[
-                Block(
-                    D,
-                    mlp_ratio=config.mlp_ratio,
-                    drop=config.drop_rate,
-                    drop_path=rate,
-                    attn=self._attention(reattention=i >= first_reattention),
-                )
-                for i, rate in enumerate(drop_path_rates(config.drop_path_rate, config.depth))
-            ]
-        )
+                Block(D, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias, drop=c.drop_rate,
+                      attn_drop=c.attn_drop_rate, drop_path=rate, fused_attn=c.fused_attn)
+                for rate in rates[:first_reattention]
+            ],
+            *[
+                ReAttentionBlock(D, num_heads=c.num_heads, mlp_ratio=c.mlp_ratio, qkv_bias=c.qkv_bias,
+                                 drop=c.drop_rate, attn_drop=c.attn_drop_rate, drop_path=rate,
+                                 transform_scale=c.transform_scale)
+                for rate in rates[first_reattention:]
+            ],
+        )  # fmt: skip
         self.norm = nn.LayerNorm(D, eps=1e-6)
         self.head_drop = nn.Dropout(config.drop_rate)
         self.head = classifier_head(D, config.num_classes)
         init_vit_weights(self)
         nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (timm's ViT: std 1e-6)
-
-    def _attention(self, *, reattention: bool) -> nn.Module:
-        """Re-attention in the last blocks, vitlab's Attention (fused and explicit paths) before."""
-        c = self.config
-        if reattention:
-            return ReAttention(
-                c.embed_dim, num_heads=c.num_heads, qkv_bias=c.qkv_bias, attn_drop=c.attn_drop_rate,
-                proj_drop=c.drop_rate, transform_scale=c.transform_scale,
-            )  # fmt: skip
-        return Attention(
-            c.embed_dim, num_heads=c.num_heads, qkv_bias=c.qkv_bias, attn_drop=c.attn_drop_rate,
-            proj_drop=c.drop_rate, fused_attn=c.fused_attn,
-        )  # fmt: skip
 
     def embed(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, 1 + N, D)."""
@@ -255,18 +289,6 @@ class DeepViT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
-
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """The map each block multiplies the values with (re-attended in re-attention blocks),
-        collected during one forward pass (:func:`~vitlab.attention_maps`:
-        eval mode, BatchNorm statistics read, not updated; the model left as it was).
-        Rows (queries) and columns (keys) index ``[cls, patches]``. A re-attended map is a
-        mix of the heads' softmax maps, normalised by BatchNorm: its rows need not sum to 1
-        (its record says ``is_distribution=False`` and keeps the softmax maps as ``unmixed``).
-
-        Shape: x (B, C, H, W) -> depth x (B, h, 1 + N, 1 + N).
-        """
-        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, DeepViTConfig] = {
