@@ -101,12 +101,12 @@ def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str 
 
 
 def set_fused_attention(model: nn.Module, flag: bool) -> nn.Module:
-    """Switch every speed path of ``model`` on (``True``) or off, to the paper's formula written out.
+    """Switch the fused attention kernel of ``model`` on (``True``) or off, to the formula written out.
 
-    Every layer with a speed path has a bool ``fused_attn`` (see :mod:`vitlab.contract`):
-    fused attention, CaiT's head mixing, LeViT's CPU kernel choice and bias cache. With all
-    of them off, a student stepping through sees the formula of the paper. Layers that only
-    have the explicit path (re-attention) have nothing to switch. Returns ``model``.
+    Every attention layer with both paths has a bool ``fused_attn``: ``True`` calls
+    ``F.scaled_dot_product_attention``, ``False`` writes out ``softmax(q k^T * scale) v``.
+    Layers that change the softmax itself (re-attention, talking heads) only have the
+    explicit path and have nothing to switch. Returns ``model``.
     """
     if not isinstance(flag, bool):
         raise TypeError(f"flag must be a bool, got {type(flag).__name__}")
