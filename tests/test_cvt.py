@@ -168,7 +168,7 @@ def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None
     images = random_images(1, 224)
     with torch.no_grad():
         assert model.forward_features(images).shape == (1, 1 + 14 * 14, 384)
-    maps = model.get_attention_maps(images)
+    maps = [record.attn for record in vitlab.attention_maps(model, images)]
     assert [tuple(m.shape) for m in maps] == [(1, 1, 3136, 784)] + [(1, 3, 784, 196)] * 2 + [(1, 6, 197, 50)] * 2
 
 

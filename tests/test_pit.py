@@ -82,7 +82,7 @@ def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None
     images = random_images(1)
     with torch.no_grad():
         assert model.forward_features(images).shape == (1, 1 + 7 * 7, 256)
-    maps = model.get_attention_maps(images)
+    maps = [record.attn for record in vitlab.attention_maps(model, images)]
     assert [tuple(m.shape) for m in maps] == ([(1, 2, 730, 730)] * 2 + [(1, 4, 197, 197)] * 6 + [(1, 8, 50, 50)] * 4)
 
 
