@@ -152,10 +152,10 @@ def test_stage_shapes_and_no_position_embedding() -> None:
     shapes = []
     with torch.no_grad():
         for stage in model.stages:
-            tokens, (H, W) = stage(x)
-            shapes.append((tuple(tokens.shape), (H, W)))
-            x = tokens[:, -H * W :].transpose(1, 2).reshape(1, -1, H, W)  # the next stage embeds the 2-D map
-    assert shapes == [((1, 56 * 56, 64), (56, 56)), ((1, 28 * 28, 192), (28, 28)), ((1, 1 + 14 * 14, 384), (14, 14))]
+            x, cls_token = stage(x)
+            shapes.append(tuple(x.shape))
+    assert shapes == [(1, 64, 56, 56), (1, 192, 28, 28), (1, 384, 14, 14)]
+    assert cls_token.shape == (1, 1, 384)
     assert model.stages[0].cls_token is None and model.stages[1].cls_token is None
 
 

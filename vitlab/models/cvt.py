@@ -275,9 +275,9 @@ class CvTBlock(nn.Module):
 
 
 class CvTStage(nn.Module):
-    """Conv token embedding, [cls token], blocks.
+    """Conv token embedding, [cls token], blocks; the tokens leave as a 2-D map again.
 
-    Shape: x (B, C_in, H, W) -> tokens (B, T + H'*W', D), grid (H', W').
+    Shape: x (B, C_in, H, W) -> map (B, D, H', W'), cls (B, 1, D) or None.
     """
 
     def __init__(self, config: CvTConfig, stage: int) -> None:
@@ -299,7 +299,7 @@ class CvTStage(nn.Module):
         rates = drop_path_rates(top, config.depth[stage])
         self.blocks = nn.ModuleList([CvTBlock(config, stage=stage, drop_path=r) for r in rates])
 
-    def forward(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    def forward_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """The stage's tokens ``[cls,] map`` after its blocks.
 
         Shape: x (B, C_in, H, W) -> (B, T + H'*W', D), grid (H', W').
@@ -311,6 +311,13 @@ class CvTStage(nn.Module):
         for block in self.blocks:
             x = block(x, (H, W))
         return x, (H, W)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        x, (H, W) = self.forward_tokens(x)
+        cls_token = None
+        if self.cls_token is not None:
+            cls_token, x = x[:, :1], x[:, 1:]
+        return rearrange(x, "B (H W) D -> B D H W", H=H, W=W), cls_token
 
 
 class CvT(nn.Module):
@@ -356,11 +363,10 @@ class CvT(nn.Module):
         for CvT-13 at 224 px.
         """
         self.check_input(x)
-        for stage in self.stages:
-            x, (H, W) = stage(x)  # (B, T + H*W, D)
-            if stage is not self.stages[-1]:  # the next stage embeds the 2-D map (no cls token before the last)
-                x = rearrange(x, "B (H W) D -> B D H W", H=H, W=W)
-        return self.norm(x)
+        for stage in self.stages[:-1]:
+            x, _ = stage(x)
+        tokens, _ = cast(CvTStage, self.stages[-1]).forward_tokens(x)
+        return self.norm(tokens)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Classify the cls token (or the mean token without one).
