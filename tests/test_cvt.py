@@ -45,11 +45,10 @@ def hf_cvt(name: str, **changes) -> nn.Module:
     return model
 
 
-@pytest.fixture(scope="module")
-def cvt_13_pair() -> tuple[nn.Module, nn.Module]:
-    """(ours, HF) CvT-13 with the same random weights; built once for several tests."""
-    reference = hf_cvt("cvt_13")
-    return load_reference("cvt_13", reference, "hf"), reference
+def small_pair() -> tuple[nn.Module, nn.Module]:
+    """(ours, HF) CvT-13 cut to depths ``HF_SHALLOW``, with the same randomized weights."""
+    reference = hf_cvt("cvt_13", depth=list(HF_SHALLOW))
+    return load_reference("cvt_13", reference, "hf", depth=HF_SHALLOW), reference
 
 
 # ---------------------------------------------------------------- parameter counts
@@ -67,27 +66,24 @@ def test_parameter_count_matches_formula() -> None:
 # ---------------------------------------------------------------- HuggingFace equivalence
 
 
-def test_hf_weights_any_image_size(cvt_13_pair) -> None:
+def test_hf_weights_give_same_logits() -> None:
     # No position embedding: any size works, non-square too, and still equals HF.
-    model, reference = cvt_13_pair
+    model, reference = small_pair()
     assert_same_logits(model, reference, random_images(2, (72, 104)))
 
 
-@pytest.mark.slow
-def test_hf_weights_give_same_logits_cvt_21() -> None:
-    # CvT-21 differs from CvT-13 only in depth; 64 px keeps the test fast.
-    reference = hf_cvt("cvt_21")
-    assert vitlab.count_parameters(reference) == count_on_meta("cvt_21")
-    assert_same_logits(load_reference("cvt_21", reference, "hf"), reference, random_images(2, 64))
-
-
-@pytest.mark.slow
-def test_hf_weights_give_same_logits_w24_shape() -> None:
-    # W24's widths and heads (3/12/16), shallow: the full 277M-parameter model at 384 px
-    # would cost minutes on CPU and test nothing the shallow one does not.
-    reference = hf_cvt("cvt_w24_384", depth=list(HF_SHALLOW))
-    model = load_reference("cvt_w24_384", reference, "hf", depth=HF_SHALLOW)
-    assert_same_logits(model, reference, random_images(1, 64))
+def test_fused_and_explicit_attention_agree() -> None:
+    model, _ = small_pair()  # randomized norms, biases and BatchNorm statistics
+    images, tokens = random_images(2, (72, 104)), torch.randn(2, 1 + 4 * 5, 384)  # stage 3: cls + 4x5 map
+    outputs = {}
+    for fused in (True, False):
+        vitlab.set_fused_attention(model, fused)
+        assert {m.fused_attn for m in model.modules() if isinstance(m, ConvAttention)} == {fused}
+        with torch.no_grad():
+            outputs[fused] = (model(images), model.stages[2].blocks[0].attn(tokens, (4, 5)))
+    assert outputs[True][1].abs().amax() > 0.1  # the attention's output is not ~0
+    torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[True][0], outputs[False][0], atol=1e-4, rtol=0)
 
 
 def test_hf_mean_pool_variant() -> None:
@@ -168,7 +164,7 @@ def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None
     images = random_images(1, 224)
     with torch.no_grad():
         assert model.forward_features(images).shape == (1, 1 + 14 * 14, 384)
-    maps = model.get_attention_maps(images)
+    maps = [record.attn for record in vitlab.attention_maps(model, images)]
     assert [tuple(m.shape) for m in maps] == [(1, 1, 3136, 784)] + [(1, 3, 784, 196)] * 2 + [(1, 6, 197, 50)] * 2
 
 

@@ -17,7 +17,8 @@ def test_crossvit_figure_numbers_are_the_models() -> None:
     x = torch.zeros(1, 3, cfg.img_size, cfg.img_size, device="meta")
     with torch.no_grad():
         x_s, x_l = model.embed(x)  # [cls, patches] of each branch
-        maps = model.get_cross_attention_maps(x)[0]  # S cls over L, L cls over S
+        # the first encoder's cross-attention maps: S cls over L, L cls over S
+        maps = [m.attn for m in vitlab.attention_maps(model, x) if m.kind == "cross"][:2]
         logits = model(x)
     d = crossvit_figure(name)
     texts = "\n".join(d.texts)

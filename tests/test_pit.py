@@ -16,26 +16,42 @@ from vitlab.models.pit import PiTConfig, Pooling
 PIT_NAMES = ["pit_ti_224", "pit_xs_224", "pit_s_224", "pit_b_224"]
 
 
-# Three against timm (pit_ti_224: tests/test_contract.py). PiT-B is the only one with another
-# stem (kernel 14, stride 7), so it is worth its ~10 s; batch 1 keeps it affordable.
-@pytest.mark.parametrize("name", PIT_NAMES[1:])
-@pytest.mark.slow
-def test_timm_weights_give_same_logits(name: str) -> None:
-    reference = timm_model(name)
-    model = load_reference(name, reference)
-    assert_same_logits(model, reference, random_images(1 if name == "pit_b_224" else 2))
+# PiT-Ti cut to one block per stage: the overlapping stem, both pooling layers, the cls
+# token's Linear. The state-dict keys and shapes of every preset are compared elsewhere.
+SMALL = dict(depth=(1, 1, 1))
 
 
-def test_timm_weights_with_random_biases_give_same_logits() -> None:
-    # timm initialises every bias to 0 and every LayerNorm to 1, so a bias loaded into the
-    # wrong place (the pooling conv's or the cls Linear's) would not show. Perturb them all.
-    reference = timm_model("pit_ti_224")
+def perturbed_small_pair() -> tuple[nn.Module, nn.Module]:
+    """(ours, timm) small PiT-Ti with the same perturbed weights, eval mode.
+
+    timm initialises every bias to 0 and every LayerNorm to 1, so a bias loaded into the
+    wrong place (the pooling conv's or the cls Linear's) would not show: all are moved."""
+    reference = timm_model("pit_ti_224", depth=[1, 1, 1])
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in reference.parameters():
             param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    model = load_reference("pit_ti_224", reference)
+    return load_reference("pit_ti_224", reference, **SMALL), reference
+
+
+def test_timm_weights_give_same_logits() -> None:
+    model, reference = perturbed_small_pair()
     assert_same_logits(model, reference, random_images(2))
+
+
+def test_fused_and_explicit_attention_agree() -> None:
+    model, _ = perturbed_small_pair()
+    images = random_images(2)
+    tokens = torch.randn(2, 1 + 7 * 7, 256)  # stage 3: cls + 7x7 map
+    outputs = {}
+    for fused in (True, False):
+        vitlab.set_fused_attention(model, fused)
+        assert {m.fused_attn for m in model.modules() if hasattr(m, "fused_attn")} == {fused}
+        with torch.no_grad():
+            outputs[fused] = (model(images), model.transformers[2].blocks[0].attn(tokens))
+    assert outputs[True][1].abs().amax() > 0.1  # the attention's output is not ~0
+    torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[True][0], outputs[False][0], atol=1e-4, rtol=0)
 
 
 def test_convert_timm_renames_only_the_stem() -> None:
@@ -82,7 +98,7 @@ def test_features_are_the_last_stage_tokens_and_maps_cover_every_stage() -> None
     images = random_images(1)
     with torch.no_grad():
         assert model.forward_features(images).shape == (1, 1 + 7 * 7, 256)
-    maps = model.get_attention_maps(images)
+    maps = [record.attn for record in vitlab.attention_maps(model, images)]
     assert [tuple(m.shape) for m in maps] == ([(1, 2, 730, 730)] * 2 + [(1, 4, 197, 197)] * 6 + [(1, 8, 50, 50)] * 4)
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import vitlab
-from conftest import random_images
+from conftest import perturb_, random_images
 from vitlab.layers import Attention
 from vitlab.models.t2t_vit import (
     SOFT_SPLITS,
@@ -209,12 +209,26 @@ def test_pretrained_scale_is_embed_dim() -> None:
 @pytest.mark.parametrize("name", ["t2t_vit_t_14", "t2t_vit_14"])
 @pytest.mark.parametrize("qk_scale", ["head_dim", "embed_dim"])
 def test_fused_and_explicit_attention_agree(name: str, qk_scale: str) -> None:
-    model = vitlab.create_model(name, qk_scale=qk_scale, **SHORT).eval()
+    model = perturb_(
+        vitlab.create_model(name, qk_scale=qk_scale, **SHORT).eval(), std=0.1
+    )  # peaked maps, no zero biases
     images = random_images(2)
-    with torch.no_grad():
-        fused = vitlab.set_fused_attention(model, True)(images)
-        explicit = vitlab.set_fused_attention(model, False)(images)
-    torch.testing.assert_close(fused, explicit, atol=1e-4, rtol=0)
+    tokens = torch.randn(2, 1 + 196, 384)
+    outputs = {}
+    for fused in (True, False):
+        vitlab.set_fused_attention(model, fused)
+        with torch.no_grad():
+            outputs[fused] = (model(images), model.blocks[0].attn(tokens))
+    assert outputs[True][1].abs().amax() > 0.1  # the attention's output is not ~0
+    torch.testing.assert_close(outputs[True][1], outputs[False][1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[True][0], outputs[False][0], atol=1e-4, rtol=0)
+    if name == "t2t_vit_t_14":  # the token transformers' attention (one head, 576 -> 64) too
+        layer, x = model.tokens_to_token.attention2.attn, torch.randn(2, 49, 576)
+        with torch.no_grad():
+            layer.fused_attn = True
+            fused = layer(x)
+            layer.fused_attn = False
+            torch.testing.assert_close(fused, layer(x), atol=1e-5, rtol=1e-5)
 
 
 def test_set_fused_attention_reaches_every_softmax_attention() -> None:

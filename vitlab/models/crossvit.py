@@ -8,12 +8,14 @@ token, projected to the other branch's width (f), is the only query of an attent
 the other branch's patch tokens, and the result is projected back (g). One query makes
 the fusion linear in the number of tokens instead of quadratic.
 
-Reads top to bottom: patch stems -> cross-attention -> multi-scale encoder -> config ->
-model -> paper presets -> timm weight conversion. Names follow timm's ``crossvit.py``
-(``patch_embed``, ``blocks[k].blocks/projs/fusion/revert_projs``, ``norm``, ``head``);
-the shared cross-attention layer names timm's ``wq/wk/wv`` ``q/k/v``. The per-branch
-``pos_embed`` and ``cls_token`` are ParameterLists, as in the official code (timm names
-them ``pos_embed_0``, ``cls_token_1``, ...).
+Reads top to bottom, in the paper's order (Sec. 3.3, Eqs. 5-8): patch stems ->
+cross-attention (Eq. 7) -> cross-attention block (Eq. 6) -> the projections f and g ->
+multi-scale encoder (Eqs. 5-8) -> config -> model -> paper presets -> timm weight
+conversion. Names follow timm's ``crossvit.py`` (``patch_embed``,
+``blocks[k].blocks/projs/fusion/revert_projs``, ``norm``, ``head``), except that the
+cross-attention's ``wq/wk/wv`` are ``q/k/v`` here. The per-branch ``pos_embed`` and
+``cls_token`` are ParameterLists, as in the official code (timm names them
+``pos_embed_0``, ``cls_token_1``, ...).
 """
 
 from __future__ import annotations
@@ -21,19 +23,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
-from vitlab.contract import FamilyInfo, FamilyProperties
+from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
     Block,
-    ClassAttention,
     DropPath,
     PatchEmbed,
     check_heads,
@@ -42,6 +42,7 @@ from vitlab.layers import (
     classifier_head,
     drop_path_rates,
     learned_position_embedding,
+    with_attn,
 )
 from vitlab.models._init import init_vit_weights
 
@@ -87,12 +88,56 @@ class ConvStem(nn.Module):
         return rearrange(self.proj(x), "B D h w -> B (h w) D")
 
 
-class CrossAttentionBlock(nn.Module):
-    """``x[:, :1] + CA(LN(x))``: a pre-norm residual update of the first token only.
+class CrossAttention(nn.Module):
+    """Cross-attention (paper Eq. 7): the first token is the only query, over all the tokens.
 
-    The cross-attention is the shared single-query layer :class:`~vitlab.layers.ClassAttention`
-    (timm's ``CrossAttention``): the (projected) cls token of one branch is the only query
-    over ``[that token, the other branch's patches]``.
+    For the L branch the input is ``x' = [f(cls_L), S patches]``: ``q = x'_cls W_q``,
+    ``k = x' W_k``, ``v = x' W_v``, ``A = softmax(q k^T / sqrt(C/h))``, ``CA(x') = A v``,
+    then the output projection. One query row makes the map ``(1, 1 + N)`` per head, so
+    the cost is linear in N instead of quadratic.
+
+    Shape: x (B, 1 + N, C), query token first -> (B, 1, C); attn (B, h, 1, 1 + N).
+    """
+
+    attn_kind: ClassVar[AttentionKind] = "cross"  # its map's label (vitlab.attention_maps)
+
+    def __init__(
+        self, dim: int, *, num_heads: int, qkv_bias: bool = True, attn_drop: float = 0.0, proj_drop: float = 0.0,
+        fused_attn: bool = True,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = check_heads(dim, num_heads) ** -0.5
+        self.fused_attn = fused_attn
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)  # timm: wq, wk, wv
+        self.k = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Shape: x (B, 1 + N, C) -> (B, 1, C) [, attn (B, h, 1, 1 + N) when ``return_attn``]."""
+        heads = "B n (h d) -> B h n d"
+        q = rearrange(self.q(x[:, :1]), heads, h=self.num_heads)  # (B, h, 1, d): the one query
+        k = rearrange(self.k(x), heads, h=self.num_heads)  # (B, h, 1 + N, d)
+        v = rearrange(self.v(x), heads, h=self.num_heads)  # (B, h, 1 + N, d)
+        attn = None
+        if self.fused_attn and not return_attn:
+            p = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, scale=self.scale)  # (B, h, 1, d)
+        else:
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, h, 1, 1 + N)
+            out = self.attn_drop(attn) @ v  # (B, h, 1, d)
+        out = self.proj_drop(self.proj(rearrange(out, "B h n d -> B n (h d)")))  # (B, 1, C)
+        return with_attn(out, attn, return_attn)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, fused_attn={self.fused_attn}"
+
+
+class CrossAttentionBlock(nn.Module):
+    """Paper Eq. 6: ``y_cls = x'_cls + CA(LN(x'))``, a pre-norm residual update of the first token only.
 
     No MLP follows the cross-attention (``has_mlp=False`` in the official code; timm has none).
 
@@ -100,22 +145,14 @@ class CrossAttentionBlock(nn.Module):
     """
 
     def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int,
-        qkv_bias: bool = True,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        fused_attn: bool = True,
-    ) -> None:
+        self, dim: int, *, num_heads: int, qkv_bias: bool = True, drop: float = 0.0, attn_drop: float = 0.0,
+        drop_path: float = 0.0, fused_attn: bool = True,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = ClassAttention(
-            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused_attn=fused_attn,
-            kind="cross",
-        )  # fmt: skip
+        self.attn = CrossAttention(
+            dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop, fused_attn=fused_attn
+        )
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -137,9 +174,10 @@ def projection(dim_in: int, dim_out: int) -> nn.Sequential:
 class MultiScaleBlock(nn.Module):
     """One multi-scale encoder: N blocks on S and M on L, then fusion in both directions.
 
-    For branch i and the other branch j: the cls token is projected to j's width
-    (``projs[i]``, f), queries ``[f(cls_i), patches_j]`` (``fusion[i]``), is projected back
-    (``revert_projs[i]``, g) and replaces cls_i. Patch tokens pass through unchanged.
+    For branch i and the other branch j (paper Eqs. 5-8, written for i = L): the cls token
+    is projected to j's width, ``x' = [f(cls_i), patches_j]`` (``projs[i]``, Eq. 5);
+    ``y_cls = f(cls_i) + CA(LN(x'))`` (``fusion[i]``, Eqs. 6-7); ``g(y_cls)`` goes back to
+    i's width and replaces cls_i (``revert_projs[i]``, Eq. 8). Patch tokens pass unchanged.
 
     Shape: [S (B, 1 + N_S, C_S), L (B, 1 + N_L, C_L)] -> the same shapes.
     """
@@ -180,11 +218,9 @@ class MultiScaleBlock(nn.Module):
         xs = [blocks(x) for blocks, x in zip(self.blocks, xs)]  # each branch on its own
         outs = []
         for i, j in ((0, 1), (1, 0)):
-            query = self.projs[i](xs[i][:, :1])  # f: (B, 1, C_j)
-            tokens = torch.cat([query, xs[j][:, 1:]], dim=1)  # (B, 1 + N_j, C_j)
-            fused = self.fusion[i](tokens)  # (B, 1, C_j)
-            cls_token = self.revert_projs[i](fused)  # g: (B, 1, C_i)
-            outs.append(torch.cat([cls_token, xs[i][:, 1:]], dim=1))  # (B, 1 + N_i, C_i)
+            x_prime = torch.cat([self.projs[i](xs[i][:, :1]), xs[j][:, 1:]], dim=1)  # Eq. 5, f: (B, 1 + N_j, C_j)
+            y_cls = self.fusion[i](x_prime)  # Eqs. 6-7: (B, 1, C_j)
+            outs.append(torch.cat([self.revert_projs[i](y_cls), xs[i][:, 1:]], dim=1))  # Eq. 8, g: (B, 1 + N_i, C_i)
         return outs
 
 
@@ -251,6 +287,14 @@ class CrossViTConfig:
 class CrossViT(nn.Module):
     """Cross-attention multi-scale Vision Transformer: two ViT branches that swap information
     through their cls tokens; the prediction is the mean of the two heads' logits.
+
+    Attention maps (:func:`vitlab.attention_maps`, in forward order), for each of the K
+    encoders: the S branch's self-attention maps (rows and columns ``[cls_S, S patches]``),
+    the L branch's (``[cls_L, L patches]``), then the two cross-attention maps (kind
+    ``"cross"``, one row: the projected cls token): S's cls over ``[it, L patches]``, then
+    L's over ``[it, S patches]``. Patches in row-major order. Per encoder:
+    N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L), (B, h_L, 1, 1 + N_L),
+    (B, h_S, 1, 1 + N_S).
 
     Shape: images (B, C, img_size, img_size) -> logits (B, num_classes).
     """
@@ -322,28 +366,6 @@ class CrossViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
 
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path), collected during one forward
-        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it
-        was). For each of the K encoders: the S branch's self-attention maps (rows and
-        columns ``[cls_S, S patches]``), the L branch's (``[cls_L, L patches]``), then the two
-        cross-attention maps (kind ``"cross"``): S's projected cls token (one row) over
-        ``[it, L patches]``, and L's over ``[it, S patches]``.
-
-        Shape: x (B, C, H, W) -> K x [N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L),
-        (B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
-        """
-        return [record.attn for record in attention_maps(self, x)]
-
-    def get_cross_attention_maps(self, x: Tensor) -> list[list[Tensor]]:
-        """The cross-attention part of :meth:`get_attention_maps`, per encoder: S's cls over
-        L's tokens, then L's cls over S's tokens.
-
-        Shape: x (B, C, H, W) -> K x [(B, h_L, 1, 1 + N_L), (B, h_S, 1, 1 + N_S)].
-        """
-        cross = [record.attn for record in attention_maps(self, x) if record.kind == "cross"]
-        return [cross[i : i + 2] for i in range(0, len(cross), 2)]
-
 
 CONFIGS: dict[str, CrossViTConfig] = {
     # CrossViT paper, Table 1 (K=3, N=1, L=1; heads equal in both branches); counts from timm,
@@ -372,7 +394,7 @@ FAMILY = FamilyInfo(
     properties=FamilyProperties("CrossViT", "learned, per branch", "non-overlapping, 2 patch sizes",
                                 "linear; cls cross-attention", "no (2 branches)", "chen2021crossvit",
                                 "crossvit_small_240", branches=2),
-    token_mixers=(Attention, ClassAttention),
+    token_mixers=(Attention, CrossAttention),
     tiny=("crossvit_tiny_240", dict(branch_img_size=(32, 32), patch_size=(8, 16), embed_dim=(16, 26),
                                     num_encoders=1, depth=(1, 2), num_heads=(2, 2))),
     rollout="cross_attention",

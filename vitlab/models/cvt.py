@@ -23,7 +23,6 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     DropPath,
@@ -325,6 +324,11 @@ class CvT(nn.Module):
     """Convolutional vision Transformer: stages of conv embedding + conv-projection blocks,
     then LayerNorm and a linear head on the cls token (or on the mean token without one).
 
+    Attention maps (:func:`vitlab.attention_maps`): one per block, stage after stage. Rows
+    (queries): the stage's tokens ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]``
+    the map squeezed by ``stride_kv`` (ceil(H/2) x ceil(W/2)). CvT-13 at 224 px:
+    (B, 1, 3136, 784), 2 x (B, 3, 784, 196), 10 x (B, 6, 197, 50).
+
     Shape: images (B, C, H, W) -> logits (B, num_classes), any H, W >= ``config.min_img_size``.
     """
 
@@ -375,18 +379,6 @@ class CvT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
-
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """One map per block, stage after stage (explicit path), collected during one forward
-        pass (:func:`~vitlab.attention_maps`: eval mode, BatchNorm statistics
-        read, not updated; the model left as it was). Rows (queries): the stage's tokens
-        ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]`` the map squeezed by
-        ``stride_kv`` (ceil(H/2) x ceil(W/2)).
-
-        Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, T_i + H_i W_i, T_i + H'_i W'_i);
-        CvT-13 at 224 px: (B, 1, 3136, 784), 2 x (B, 3, 784, 196), 10 x (B, 6, 197, 50).
-        """
-        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, CvTConfig] = {

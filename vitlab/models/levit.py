@@ -9,10 +9,8 @@ is Hardswish, keys are small (D = 16 or 32) and the MLP ratio is 2. Two heads, `
 and ``head_dist`` (DeiT-style distillation), are averaged at inference.
 
 Reads top to bottom: config -> attention bias -> layers -> model -> paper presets -> timm
-weight conversion -> speed paths (the same functions, faster: SDPA's flash kernel where it
-pays off on CPU, the gathered bias reused at inference; off with
-``vitlab.set_fused_attention(model, False)``). Attribute names follow timm's ``levit.py``;
-``convert_timm`` renames three of them.
+weight conversion. Attribute names follow timm's ``levit.py``; ``convert_timm`` renames
+three of them.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import DropPath, check_image, check_num_classes, with_attn
 
@@ -102,22 +99,6 @@ def attention_bias_index(resolution: int, stride: int = 1) -> Tensor:
     return offsets[0] * r + offsets[1]
 
 
-def biased_attention_map(q: Tensor, k: Tensor, bias: Tensor, *, scale: float) -> Tensor:
-    """``softmax(q k^T * scale + bias)``. Shape: q (B, h, N_q, D), k (B, h, N_k, D), bias (h, N_q, N_k)
-    -> (B, h, N_q, N_k)."""
-    # Scaling q (N x D numbers) rather than the logits (N x N) is cheaper, same function.
-    logits = (q * scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); the bias after scaling (pitfall 14)
-    return logits.softmax(dim=-1)
-
-
-def biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float) -> Tensor:
-    """``softmax(q k^T * scale + bias) v``, written out: the explicit path.
-
-    Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv), bias (h, N_q, N_k) -> (B, h, N_q, Dv).
-    """
-    return biased_attention_map(q, k, bias, scale=scale) @ v
-
-
 def conv_norm(in_chans: int, out_chans: int) -> nn.Sequential:
     """3x3 stride-2 conv without bias, then BatchNorm. Shape: (B, C_in, H, W) -> (B, C_out, H/2, W/2)."""
     conv = nn.Conv2d(in_chans, out_chans, kernel_size=3, stride=2, padding=1, bias=False)
@@ -153,8 +134,8 @@ class LeViTAttention(nn.Module):
     added *after* scaling, not rescaled (pitfall 14). With ``stride=2`` this is shrink
     attention: keys and values see the whole ``r x r`` map, queries every second position.
 
-    ``fused_attn`` picks the speed path (:func:`fast_biased_attention`, end of file: SDPA
-    where it pays off, the gathered bias reused at inference) or the formula written out.
+    ``fused_attn`` picks ``F.scaled_dot_product_attention``, which takes ``B`` as a float
+    ``attn_mask`` and adds it to the scaled logits, or the formula written out.
 
     Shape: x (B, r*r, dim) -> (B, ceil(r/stride)**2, out_dim).
     """
@@ -183,7 +164,6 @@ class LeViTAttention(nn.Module):
         self.attention_biases = nn.Parameter(torch.zeros(h, resolution * resolution))
         self.attention_bias_idxs: Tensor
         self.register_buffer("attention_bias_idxs", attention_bias_index(resolution, stride), persistent=False)
-        self._bias_cache: tuple[tuple, Tensor] | None = None  # the speed path's, see cached_attention_bias
 
     def attention_bias(self) -> Tensor:
         """The bias ``B``: ``attention_biases[:, attention_bias_idxs]``. Shape: -> (h, N_q, N_k)."""
@@ -200,11 +180,14 @@ class LeViTAttention(nn.Module):
             grid = rearrange(x, "B (H W) C -> B H W C", H=self.resolution)
             x_q = rearrange(grid[:, :: self.stride, :: self.stride], "B H W C -> B (H W) C")  # (B, N_q, C)
             q = rearrange(self.q(x_q), "B N (h d) -> B h N d", h=h)  # (B, h, N_q, D)
+        bias = self.attention_bias()  # (h, N_q, N_k), gathered on every call
         attn = None
         if self.fused_attn and not return_attn:
-            out = fast_biased_attention(self, q, k, v)  # the speed path (end of file): the same function
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # (B, h, N_q, Dv)
         else:
-            attn = biased_attention_map(q, k, self.attention_bias(), scale=self.scale)  # (B, h, N_q, N_k)
+            # Scaling q (N x D numbers) rather than the logits (N x N) is cheaper, same function.
+            logits = (q * self.scale) @ k.transpose(-2, -1) + bias  # (B, h, N_q, N_k); bias after scaling (pitfall 14)
+            attn = logits.softmax(dim=-1)
             out = attn @ v  # (B, h, N_q, Dv)
         out = self.proj(self.act(rearrange(out, "B h N d -> B N (h d)")))
         return with_attn(out, attn, return_attn)
@@ -293,6 +276,13 @@ class LeViT(nn.Module):
     loss, as the official code) and their mean in eval mode.
     NOTE(paper): timm returns the mean in training too unless ``set_distilled_training``.
 
+    Attention maps (:func:`vitlab.attention_maps`, bias included, in forward order): per
+    stage, the shrink attention first (stages 2 and 3; rows: every second position of the
+    previous stage's map, columns: all of it), then one map per block (rows and columns:
+    the stage's map). All positions in row-major order; there is no cls token. LeViT-128S
+    at 224 px: 2 x (B, 4, 196, 196), (B, 8, 49, 196), 3 x (B, 6, 49, 49), (B, 16, 16, 49),
+    4 x (B, 8, 16, 16).
+
     Shape: images (B, C, H, W) -> logits (B, num_classes), or a pair in distilled training.
     """
 
@@ -358,19 +348,6 @@ class LeViT(nn.Module):
         """Shape: x (B, C, H, W) -> (B, num_classes) [or a pair, see the class docstring]."""
         return self.forward_head(self.forward_features(x))
 
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path), bias included, collected
-        during one forward pass (:func:`~vitlab.attention_maps`: eval mode,
-        BatchNorm statistics read, not updated; the model left as it was): per stage, the
-        shrink attention first (stages 2 and 3; rows: every second position of the previous
-        map, columns: all of it), then one map per block (rows and columns: the stage's map).
-        All in row-major order; there is no cls token.
-
-        Shape: x (B, C, H, W) -> e.g. LeViT-128S at 224 px: 2 x (B, 4, 196, 196),
-        (B, 8, 49, 196), 3 x (B, 6, 49, 49), (B, 16, 16, 49), 4 x (B, 8, 16, 16).
-        """
-        return [record.attn for record in attention_maps(self, x)]
-
 
 CONFIGS: dict[str, LeViTConfig] = {
     # Official `specification` (facebookresearch/LeViT levit.py; book/reference_numbers.md):
@@ -416,76 +393,3 @@ def convert_timm(state_dict: Mapping[str, Tensor], config: LeViTConfig) -> dict[
             f"config has distilled={config.distilled} but the state dict {'has' if has_dist else 'has no'} head_dist"
         )
     return out
-
-
-# ---------------------------------------------------------------- speed paths
-# The same functions as above, faster. ``fused_attn=False`` on a layer (every layer at once:
-# ``vitlab.set_fused_attention(model, False)``) skips this section: the layer then computes
-# ``softmax(q k^T * scale + B) v`` as written in LeViTAttention.forward.
-
-# Per-head maps (N_q * N_k) at least this big take SDPA's flash kernel on CPU (fused path).
-# Measured at batch 8 (benchmarks/README.md): it wins on 196 x 196 maps and loses on 49 x 196
-# and smaller ones, where its fixed cost (and the zero-padding of q and k) outweighs the
-# logits it does not write to memory. benchmarks/levit_kernels.py checks which kernel runs.
-CPU_FLASH_MIN_LOGITS = 128 * 128
-
-
-def fast_biased_attention(layer: LeViTAttention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """``layer``'s attention through the speed paths: :func:`cached_attention_bias`, then
-    :func:`fused_biased_attention`. The same function as :func:`biased_attention`.
-
-    Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv) -> (B, h, N_q, Dv).
-    """
-    return fused_biased_attention(q, k, v, cached_attention_bias(layer), scale=layer.scale)
-
-
-def cached_attention_bias(layer: LeViTAttention) -> Tensor:
-    """``layer.attention_bias()``, reused across inference calls (eval mode, no autograd), as
-    timm does; training, autograd and ``torch.compile`` gather every call.
-
-    The cache is keyed on the table's version counter (bumped by every in-place write:
-    ``load_state_dict``, an optimizer step, ``copy_``), storage, device and dtype, so new
-    weights are never served stale bias; timm's cache, keyed on the device only, is.
-
-    Shape: -> (h, N_q, N_k).
-    """
-    table = layer.attention_biases
-    if layer.training or torch.is_grad_enabled() or table.is_inference():
-        return layer.attention_bias()
-    if torch.compiler.is_compiling():
-        return layer.attention_bias()  # autograd and compile need the gather in the graph
-    key = (table._version, table.data_ptr(), table.device, table.dtype, layer.attention_bias_idxs.data_ptr())
-    if layer._bias_cache is None or layer._bias_cache[0] != key:
-        layer._bias_cache = (key, layer.attention_bias())
-    return layer._bias_cache[1]
-
-
-def cpu_flash_pays_off(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
-    """The CPU speed heuristic of :func:`fused_biased_attention`: is SDPA's flash kernel
-    faster than the explicit path here? Only for maps of at least ``CPU_FLASH_MIN_LOGITS``
-    logits per head, values at least as wide as keys, and a bias that needs no gradient
-    (otherwise SDPA takes its slow math kernel)."""
-    big = q.shape[-2] * k.shape[-2] >= CPU_FLASH_MIN_LOGITS
-    return big and q.shape[-1] <= v.shape[-1] and not bias.requires_grad
-
-
-def fused_biased_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, *, scale: float) -> Tensor:
-    """Speed path of :func:`biased_attention` (same function) through ``F.scaled_dot_product_attention``.
-
-    The bias goes in as a float ``attn_mask``, which SDPA adds to the scaled logits. On a GPU
-    that is all. On CPU, SDPA's flash kernel takes a float mask only in 4-D and only when q,
-    k and v have one width; otherwise SDPA runs its math fallback, slower than the explicit
-    path (benchmarks/README.md). LeViT's values are 2 or 4 times wider than its keys, but
-    zero columns appended to q and k leave every dot product q . k unchanged, so they are
-    padded to the value width (``scale`` is passed, so the padding does not change it). For
-    maps where :func:`cpu_flash_pays_off` says no, the CPU runs :func:`biased_attention`.
-    ``tests/test_levit.py`` checks that both paths agree.
-
-    Shape: q (B, h, N_q, D), k (B, h, N_k, D), v (B, h, N_k, Dv), bias (h, N_q, N_k) -> (B, h, N_q, Dv).
-    """
-    D, Dv = q.shape[-1], v.shape[-1]
-    if q.device.type == "cpu":
-        if not cpu_flash_pays_off(q, k, v, bias):
-            return biased_attention(q, k, v, bias, scale=scale)
-        q, k = F.pad(q, (0, Dv - D)), F.pad(k, (0, Dv - D))  # (B, h, N, Dv): zero columns
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype).unsqueeze(0), scale=scale)

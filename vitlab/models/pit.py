@@ -16,7 +16,6 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -155,6 +154,10 @@ class Stage(nn.Module):
 class PiT(nn.Module):
     """Pooling-based Vision Transformer.
 
+    Attention maps (:func:`vitlab.attention_maps`): one per block, stage after stage; rows
+    (queries) and columns (keys) index the stage's tokens ``[cls, spatial map]``, the map in
+    row-major order: depth_i x (B, h_i, 1 + N_i, 1 + N_i), N_i = 729, 196, 49 for PiT-S.
+
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
 
@@ -228,17 +231,6 @@ class PiT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes)."""
         return self.forward_head(self.forward_features(x))
-
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """One map per block, stage after stage (explicit path), collected during one forward
-        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it
-        was). Rows (queries) and columns (keys) index the stage's tokens ``[cls, spatial
-        map]``, the map in row-major order.
-
-        Shape: x (B, C, H, W) -> per stage, depth_i x (B, h_i, 1 + N_i, 1 + N_i);
-        N_i = 729, 196, 49 for PiT-S at 224 px.
-        """
-        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, PiTConfig] = {

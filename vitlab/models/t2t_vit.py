@@ -29,7 +29,6 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.attention_maps import attention_maps
 from vitlab.contract import AttentionKind, FamilyInfo, FamilyProperties
 from vitlab.layers import (
     Attention,
@@ -281,6 +280,12 @@ class T2TViT(nn.Module):
     """T2T-ViT: the T2T module, then a ViT backbone (cls token, fixed sinusoid position
     embedding, pre-norm blocks with mlp ratio 3 and no qkv bias, LayerNorm, head).
 
+    Attention maps (:func:`vitlab.attention_maps`): first the T2T module's two token layers,
+    one head each, rows and columns the windows of one soft split (56 x 56, then 28 x 28 at
+    224 px, row-major): a token transformer's softmax map, or the map a Performer applies
+    implicitly, ``phi(q) phi(k)^T / D``. Then one map per backbone block, rows and columns
+    ``[cls, patches]``: (B, 1, 3136, 3136), (B, 1, 784, 784), depth x (B, h, 1 + N, 1 + N).
+
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
 
@@ -347,19 +352,6 @@ class T2TViT(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """Shape: x (B, C, H, W) -> (B, num_classes), from the cls token."""
         return self.forward_head(self.forward_features(x))
-
-    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Every attention map, in forward order (explicit path), collected during one forward
-        pass (:func:`~vitlab.attention_maps`: eval mode, the model left as it was).
-
-        First the two token layers of the T2T module, one head each, rows and columns the
-        tokens of one soft split (56 x 56, then 28 x 28 windows at 224 px, row-major): the
-        softmax map of a token transformer, or the map a Performer applies implicitly,
-        ``phi(q) phi(k)^T / D``. Then one map per backbone block over ``[cls, patches]``.
-
-        Shape: x (B, C, H, W) -> [(B, 1, 3136, 3136), (B, 1, 784, 784)] + depth x (B, h, 1 + N, 1 + N).
-        """
-        return [record.attn for record in attention_maps(self, x)]
 
 
 CONFIGS: dict[str, T2TViTConfig] = {
