@@ -21,7 +21,7 @@ from torch import Tensor, nn
 import vitlab.checks as checks
 from conftest import assert_named_mistake, assert_passes, run  # run: one printed line and a CheckResult
 from vitlab.checks import CheckResult
-from vitlab.layers import ClassAttention
+from vitlab.models.cait import ClassAttn
 from vitlab.models.cvt import ConvProjection
 
 # ---------------------------------------------------------------- correct solutions
@@ -561,7 +561,7 @@ def test_check_result_is_truthy_only_when_passed() -> None:
 
 def test_class_attention_definition_is_the_models_class_attn() -> None:
     torch.manual_seed(0)
-    layer = ClassAttention(12, num_heads=3, qkv_bias=False, fused_attn=False).eval()
+    layer = ClassAttn(12, num_heads=3, qkv_bias=False, fused_attn=False).eval()
     layer.proj = nn.Identity()  # pyright: ignore[reportAttributeAccessIssue]
     x = torch.randn(2, 7, 12)
     with torch.no_grad():

@@ -13,8 +13,10 @@ perturbed run per family, are in each family's own test file. A new family needs
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,6 +99,32 @@ def test_every_registered_model_has_a_family_and_a_reference_count() -> None:
     families = {family_of(n) for n in vitlab.list_models()}
     assert families == set(FAMILY_NAMES)
     assert set(REFERENCE_PARAMS) == set(vitlab.list_models())
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_forward_reads_beside_its_paper(family: str) -> None:
+    # A family's eval forward runs through its own paper file and at most four shared files
+    # (patch embedding, attention, MLP, the plain block, drop path): what the paper changes
+    # is written in the paper's file, not spread over layers.
+    model = tiny(family).eval()
+    package = Path(vitlab.__file__).parent
+    files: set[str] = set()
+
+    def note(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(str(package)):
+            files.add(Path(frame.f_code.co_filename).relative_to(package).as_posix())
+
+    sys.setprofile(note)
+    try:
+        with torch.no_grad():
+            model(images())
+    finally:
+        sys.setprofile(None)
+    own = f"models/{family if family != 'deit' else 'vit'}.py"  # a DeiT is a ViT (deit.py: presets only)
+    shared = sorted(files - {own})
+    assert own in files, f"{family}'s forward never ran {own}: {sorted(files)}"
+    assert all(f.startswith("layers/") for f in shared), f"{family}'s forward leaves its file for {shared}"
+    assert len(shared) <= 4, f"{family}'s forward runs through {len(shared)} shared files: {shared}"
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -302,7 +302,7 @@ def test_attention_projection_property(profiles, family: str) -> None:
     assert (ReAttention in kinds) == ("re-attention" in text)
     assert (TalkingHeadAttn in kinds) == ("talking heads" in text)
     if "cross-attention" in text:
-        assert all(type(f.attn).__name__ == "ClassAttention" for block in model.blocks for f in block.fusion)
+        assert all(type(f.attn).__name__ == "CrossAttention" for block in model.blocks for f in block.fusion)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_PROPERTIES))

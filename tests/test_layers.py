@@ -11,7 +11,6 @@ from vitlab.attention_maps import attention_maps
 from vitlab.layers import (
     Attention,
     Block,
-    ClassAttention,
     DropPath,
     Mlp,
     PatchEmbed,
@@ -190,10 +189,6 @@ def test_attention_maps_collects_each_layer_once_on_the_explicit_path() -> None:
     assert all(r.attn.grad_fn is None for r in records)
 
 
-def test_attention_maps_needs_an_attention_layer_and_kinds_are_checked() -> None:
+def test_attention_maps_needs_an_attention_layer() -> None:
     with pytest.raises(ValueError, match=r"Linear has no attention layer \(no module with an attn_kind\)"):
         attention_maps(torch.nn.Linear(2, 2), torch.randn(1, 2))
-    assert ClassAttention(8, num_heads=2).attn_kind == "class"
-    assert ClassAttention(8, num_heads=2, kind="cross").attn_kind == "cross"
-    with pytest.raises(ValueError, match=r"kind must be 'class' or 'cross', got 'self'"):
-        ClassAttention(8, num_heads=2, kind="self")

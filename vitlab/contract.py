@@ -25,7 +25,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from torch import Tensor, nn
 
 Features = Tensor | list[Tensor]
-RolloutRule = Literal["blocks", "class_attention", "cross_attention", "squeezed_keys"]
 Logits = Tensor | tuple[Tensor, Tensor]
 AttentionKind = Literal["self", "class", "cross", "re-attention", "mixed"]
 
@@ -114,8 +113,6 @@ class FamilyInfo:
         token_mixers: the layer classes that mix tokens (each reads "the tokens of a
             stage"; :func:`vitlab.family.attention_token_counts` hooks them).
         tiny: ``(preset, overrides)`` of the teaching-size model for 32 px digits.
-        rollout: no longer read (:func:`vitlab.rollout.model_rollout` reads square
-            self-attention maps only); goes once no model file sets it.
         benchmark_preset: the preset ``benchmarks/throughput.py --all`` times against the
             family's reference (timm, or HuggingFace where the file has only ``convert_hf``);
             ``None`` for a family without a reference.
@@ -125,5 +122,4 @@ class FamilyInfo:
     properties: FamilyProperties
     token_mixers: tuple[type[nn.Module], ...]
     tiny: tuple[str, dict[str, Any]] = field(default=("", {}))
-    rollout: RolloutRule = "blocks"
     benchmark_preset: str | None = None

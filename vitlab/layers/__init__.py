@@ -2,7 +2,6 @@
 
 from vitlab.layers.attention import Attention, check_heads, explicit_attention, fused_attention, with_attn
 from vitlab.layers.block import Block, drop_path_rates, encoder_blocks
-from vitlab.layers.class_attention import ClassAttention
 from vitlab.layers.drop_path import DropPath, drop_path
 from vitlab.layers.head import check_num_classes, classifier_head
 from vitlab.layers.mlp import Mlp
@@ -25,7 +24,6 @@ from vitlab.layers.pos_embed import (
 __all__ = [
     "Attention",
     "Block",
-    "ClassAttention",
     "DropPath",
     "Mlp",
     "PatchEmbed",

@@ -309,15 +309,11 @@ class T2TViT(nn.Module):
                     mlp_ratio=config.mlp_ratio,
                     drop=config.drop_rate,
                     drop_path=rate,
-                    attn=Attention(
-                        D,
-                        num_heads=config.num_heads,
-                        qkv_bias=config.qkv_bias,
-                        attn_drop=config.attn_drop_rate,
-                        proj_drop=config.drop_rate,
-                        scale=scale,
-                        fused_attn=config.fused_attn,
-                    ),
+                    num_heads=config.num_heads,
+                    qkv_bias=config.qkv_bias,
+                    attn_drop=config.attn_drop_rate,
+                    scale=scale,
+                    fused_attn=config.fused_attn,
                     norm_eps=1e-5,  # the official code uses nn.LayerNorm's default
                 )
                 for rate in drop_path_rates(config.drop_path_rate, config.depth)
