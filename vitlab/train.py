@@ -6,15 +6,11 @@ embeddings; a linear warmup then a cosine decay, updated every step; label smoot
 optional mixup (off by default); gradient clipping; mixed precision on a CUDA GPU only;
 a checkpoint after every epoch to resume from; several processes under ``torchrun``.
 
-``fit`` measures the model on a held-out loader after every epoch: a **validation**
-split while you choose hyperparameters or the epoch to keep (``keep_best=True`` restores
-the weights of the epoch with the best held-out accuracy), and the test split only once, at
-the very end, with :func:`evaluate`.
-
-``fit`` seeds PyTorch's global generator with ``config.seed`` before it starts (dropout,
-drop path and mixup draw from it) and the caller's training loader should carry its own
-seeded generator (``vitlab.data.make_loaders`` does): then two runs on the CPU give the
-same history, number for number.
+``fit`` measures the model on a held-out loader after every epoch: a **validation** split
+while you choose hyperparameters or the epoch to keep (``keep_best=True``), the test split
+only once, at the very end, with :func:`evaluate`. It seeds PyTorch with ``config.seed``
+(dropout, drop path and mixup draw from it); with a training loader that carries its own
+seeded generator (``vitlab.data.make_loaders``) two runs on the CPU give the same history.
 """
 
 from __future__ import annotations
@@ -168,9 +164,8 @@ def _all_reduce(values: list[float], group: Any = None) -> list[float]:
     """Sum ``values`` over the processes of a torchrun job; unchanged in a single process."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
-    totals = torch.tensor(values, dtype=torch.float64)
-    if dist.get_backend(group) == "nccl":
-        totals = totals.cuda()
+    on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces GPU tensors only
+    totals = torch.tensor(values, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
     dist.all_reduce(totals, group=group)
     return totals.tolist()
 
