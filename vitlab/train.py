@@ -190,20 +190,21 @@ def evaluate(model: nn.Module, loader: Iterable, *, amp: bool = True, group: Any
     return loss_sum / count, correct / count
 
 
-def _rng_states(loader: DataLoader) -> dict:
+def _rng_states(loader: DataLoader, device: torch.device) -> dict:
     kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all(),  # [] without a GPU
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,  # this process's GPU only
         "numpy": (kind, torch.tensor(key), pos, has_gauss, gauss),  # a tensor: loadable with weights_only
         "python": random.getstate(),
         "loader": loader.generator.get_state() if loader.generator is not None else None,  # the shuffle order
     }
 
 
-def _set_rng_states(states: dict, loader: DataLoader) -> None:
+def _set_rng_states(states: dict, loader: DataLoader, device: torch.device) -> None:
     torch.set_rng_state(states["torch"])
-    torch.cuda.set_rng_state_all(states["cuda"])
+    if states["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
     kind, key, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((kind, key.numpy(), pos, has_gauss, gauss))
     random.setstate(states["python"])
@@ -211,10 +212,12 @@ def _set_rng_states(states: dict, loader: DataLoader) -> None:
         loader.generator.set_state(states["loader"])
 
 
-def _load_checkpoint(path: str | os.PathLike, identity: dict[str, str], device: torch.device) -> dict:
+def _load_checkpoint(path: str | os.PathLike, identity: dict[str, str]) -> dict:
     """The checkpoint at ``path``, refused unless it comes from a run with the same model
     config (preset and overrides) and training settings."""
-    state = torch.load(path, map_location=device, weights_only=True)  # tensors and plain types only
+    state = torch.load(
+        path, map_location="cpu", weights_only=True
+    )  # tensors and plain types only; RNG states stay on the CPU
     for key, ours in identity.items():
         if state["identity"][key] != ours:
             raise ValueError(
@@ -284,13 +287,13 @@ def fit(
     identity = {"model": repr(getattr(module, "config", type(module).__name__)), "train": repr(settings)}
     first = 1
     if resume and config.checkpoint is not None and os.path.exists(config.checkpoint):
-        state = _load_checkpoint(config.checkpoint, identity, device)
+        state = _load_checkpoint(config.checkpoint, identity)
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         history, best_state, first = History(**state["history"]), state["best_state"], state["epoch"] + 1
-        _set_rng_states(state["rng"], train_loader)
+        _set_rng_states(state["rng"], train_loader, device)
     epochs: Any = range(first, config.epochs + 1)  # a tqdm bar over it with config.progress
     if config.progress and rank == 0:
         from tqdm.auto import tqdm
@@ -340,7 +343,7 @@ def fit(
                 "identity": identity, "epoch": epoch, "model": module.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "best_state": best_state, "history": history.as_dict(),
-                "rng": _rng_states(train_loader),
+                "rng": _rng_states(train_loader, device),
             }  # fmt: skip
             temporary = f"{os.fspath(config.checkpoint)}.tmp"
             torch.save(state, temporary)
