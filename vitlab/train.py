@@ -215,9 +215,8 @@ def _set_rng_states(states: dict, loader: DataLoader, device: torch.device) -> N
 def _load_checkpoint(path: str | os.PathLike, identity: dict[str, str]) -> dict:
     """The checkpoint at ``path``, refused unless it comes from a run with the same model
     config (preset and overrides) and training settings."""
-    state = torch.load(
-        path, map_location="cpu", weights_only=True
-    )  # tensors and plain types only; RNG states stay on the CPU
+    # weights_only: tensors and plain types only. On the CPU: RNG states must stay there.
+    state = torch.load(path, map_location="cpu", weights_only=True)
     for key, ours in identity.items():
         if state["identity"][key] != ours:
             raise ValueError(
