@@ -14,12 +14,12 @@ import vitlab
 from vitlab.data import load_digits, make_loaders
 from vitlab.train import History, TrainConfig, evaluate, fit, mixed_loss, mixup, parameter_groups, warmup_cosine
 
+TINY = dict(img_size=8, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2)
 
-def tiny_vit(seed: int = 0) -> torch.nn.Module:
+
+def tiny_vit(seed: int = 0, **overrides) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return vitlab.create_model(
-        "vit_tiny_patch16_224", img_size=8, patch_size=4, in_chans=1, num_classes=10, embed_dim=32, depth=2, num_heads=2
-    )
+    return vitlab.create_model("vit_tiny_patch16_224", **{**TINY, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +146,206 @@ def test_best_epoch_takes_the_first_of_equals_and_needs_an_epoch() -> None:
     assert history.best_epoch == 2
     with pytest.raises(ValueError, match="no epoch has run"):
         _ = History().best_epoch
+
+
+# Mixed precision, checkpoints and torchrun (issue 29). A tiny ViT on a few digits keeps these fast.
+
+
+def few_digits(n: int = 256, batch_size: int = 64, augment: bool = False):
+    """The first ``n`` training digits in a shuffled loader with its own seeded generator, and a validation loader."""
+    from torch.utils.data import DataLoader, Subset
+
+    from vitlab.data import eval_loader
+
+    splits = load_digits(val_fraction=0.15, seed=0, augment=augment)
+    generator = torch.Generator().manual_seed(0)
+    train = DataLoader(Subset(splits.train, range(n)), batch_size, shuffle=True, generator=generator)
+    return train, eval_loader(splits.val)
+
+
+@pytest.mark.parametrize(
+    ("native", "emulated", "expected"),
+    [(True, True, torch.bfloat16), (False, True, torch.float16), (False, False, torch.float16)],
+    ids=["ampere: bf16", "t4 (sm_75) emulates bf16: fp16", "no bf16: fp16"],
+)
+def test_bf16_only_where_the_gpu_has_it_natively(monkeypatch, native: bool, emulated: bool, expected) -> None:
+    from vitlab.train import amp_dtype
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:  # torch's signature and default
+        return native or (including_emulation and emulated)
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    assert amp_dtype(torch.device("cuda")) == expected
+    assert amp_dtype(torch.device("cpu")) is None  # no autocast on the CPU
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`")
+def test_fp16_scaler_skips_a_step_whose_gradients_overflow(monkeypatch) -> None:
+    """fp16 autocast and a GradScaler, faked onto the CPU: an inf gradient skips the step
+    (no NaN in the weights) and counts in the history."""
+    import vitlab.train
+
+    monkeypatch.setattr(vitlab.train, "amp_dtype", lambda device: torch.float16)  # as on a T4
+    train, val = few_digits(n=128)
+    model = tiny_vit()
+    calls = []
+
+    def overflow_once(grad: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return grad * math.inf if len(calls) == 1 else grad
+
+    model.head.weight.register_hook(overflow_once)
+    history = fit(model, train, val, TrainConfig(epochs=2, warmup_epochs=0, progress=False))
+    assert history.skipped_steps == [1, 0], "the overflowing step is skipped, the others are taken"
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert history.eval_acc[-1] > 0.1
+
+
+def test_resume_after_an_interruption_ends_as_an_uninterrupted_run(tmp_path, monkeypatch) -> None:
+    """Bit for bit: weights, history (but the seconds), best epoch, with Mixup and augmentation
+    drawing random numbers and the loader's shuffle continuing where it stopped."""
+    import vitlab.train
+
+    config = TrainConfig(epochs=4, warmup_epochs=1, lr=3e-3, mixup_alpha=0.8, keep_best=True, progress=False)
+    whole = tiny_vit()
+    whole_history = fit(whole, *few_digits(augment=True), dataclasses.replace(config, checkpoint=tmp_path / "a.pt"))
+
+    evaluate_ = vitlab.train.evaluate
+    calls = []
+
+    def disconnect_in_epoch_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # epoch 3 has trained, its checkpoint is not written yet
+            raise KeyboardInterrupt("the Colab session disconnected")
+        return evaluate_(*args, **kwargs)
+
+    monkeypatch.setattr(vitlab.train, "evaluate", disconnect_in_epoch_3)
+    path = tmp_path / "b.pt"
+    with pytest.raises(KeyboardInterrupt):
+        fit(tiny_vit(), *few_digits(augment=True), dataclasses.replace(config, checkpoint=path))
+    assert torch.load(path, weights_only=True)["epoch"] == 2
+    monkeypatch.setattr(vitlab.train, "evaluate", evaluate_)
+    resumed = tiny_vit(seed=1)  # a new session: fresh weights and loaders
+    history = fit(resumed, *few_digits(augment=True), dataclasses.replace(config, checkpoint=path), resume=True)
+
+    assert history.epoch == [1, 2, 3, 4]
+    for key, values in whole_history.as_dict().items():
+        if key != "seconds":
+            assert getattr(history, key) == values, key
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "b.pt"]  # no temporary file left
+
+
+def test_the_best_epochs_weights_survive_a_resume(tmp_path, monkeypatch) -> None:
+    """keep_best: the best epoch (here the first, by a faked held-out accuracy) comes before the
+    interruption; the resumed run must still end with its weights."""
+    import vitlab.train
+
+    accuracies = iter([0.9, 0.5, 0.4, 0.9, 0.5, "disconnect", 0.4])
+
+    def held_out(*args, **kwargs):
+        accuracy = next(accuracies)
+        if accuracy == "disconnect":
+            raise KeyboardInterrupt
+        return 1.0, accuracy
+
+    monkeypatch.setattr(vitlab.train, "evaluate", held_out)
+    config = TrainConfig(epochs=3, warmup_epochs=0, keep_best=True, progress=False)
+    whole = tiny_vit()
+    fit(whole, *few_digits(n=64), config)
+    resumable = dataclasses.replace(config, checkpoint=tmp_path / "run.pt")
+    with pytest.raises(KeyboardInterrupt):
+        fit(tiny_vit(), *few_digits(n=64), resumable)
+    resumed = tiny_vit(seed=1)
+    assert fit(resumed, *few_digits(n=64), resumable, resume=True).best_epoch == 1
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "run.pt"
+    config = TrainConfig(epochs=2, warmup_epochs=0, progress=False, checkpoint=path)
+    save, calls = torch.save, []
+
+    def die_while_writing_epoch_2(obj, file) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            open(file, "wb").write(b"half a file")
+            raise OSError("disk full")
+        save(obj, file)
+
+    monkeypatch.setattr(torch, "save", die_while_writing_epoch_2)
+    with pytest.raises(OSError, match="disk full"):
+        fit(tiny_vit(), *few_digits(n=64), config)
+    assert torch.load(path, weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.parametrize(
+    ("model_overrides", "train_overrides", "names"),
+    [
+        ({"embed_dim": 16}, {}, ("embed_dim=32", "embed_dim=16")),
+        ({}, {"lr": 5e-4}, ("'lr': 0.001", "'lr': 0.0005")),
+    ],
+    ids=["another model", "another recipe"],
+)
+def test_a_checkpoint_from_another_run_is_refused(tmp_path, model_overrides, train_overrides, names) -> None:
+    config = TrainConfig(epochs=2, warmup_epochs=0, progress=False, checkpoint=tmp_path / "run.pt")
+    train, val = few_digits(n=64)
+    fit(tiny_vit(), train, val, config)
+    with pytest.raises(ValueError, match="is from another run") as error:
+        fit(tiny_vit(**model_overrides), train, val, dataclasses.replace(config, **train_overrides), resume=True)
+    assert all(name in str(error.value) for name in names), str(error.value)
+
+
+def test_resume_needs_a_checkpoint_file() -> None:
+    with pytest.raises(ValueError, match=r"resume=True needs a file to resume from: TrainConfig\(checkpoint=...\)"):
+        fit(tiny_vit(), *few_digits(n=64), TrainConfig(epochs=1, warmup_epochs=0, progress=False), resume=True)
+
+
+def load_train_ddp():
+    """benchmarks/train_ddp.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "train_ddp.py"
+    spec = importlib.util.spec_from_file_location("train_ddp", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_torchrun_with_two_processes_matches_one_process_with_the_same_global_batch(tmp_path) -> None:
+    """``torchrun --nproc_per_node 2`` on the CPU (gloo), 2 x 32 images a step, against one
+    process with batches of 64 drawn in the same order (a DistributedSampler of one)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    options = ["--epochs", "2", "--embed-dim", "32", "--depth", "2", "--train-size", "512"]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    script = Path(__file__).parents[1] / "benchmarks" / "train_ddp.py"
+    run = subprocess.run(
+        [str(torchrun), "--nproc_per_node", "2", str(script), *options, "--batch-size", "32"]
+        + ["--checkpoint", str(tmp_path / "ddp.pt")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("2 process(es), global batch 64") == 1, run.stdout  # rank 0 alone prints
+    assert [p.name for p in tmp_path.iterdir()] == ["ddp.pt"]
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    assert ddp["epoch"] == 2
+
+    train_ddp = load_train_ddp()
+    model, train, val, config = train_ddp.build(train_ddp.parse_args([*options, "--batch-size", "64"]))
+    sampler = DistributedSampler(train.dataset, num_replicas=1, rank=0, shuffle=True, seed=config.seed)
+    history = fit(model, DataLoader(train.dataset, 64, sampler=sampler), val, config)
+    assert ddp["history"]["eval_acc"] == pytest.approx(history.eval_acc, abs=1.5 / 216)  # at most one image apart
+    for name, weight in model.state_dict().items():
+        torch.testing.assert_close(ddp["model"][name], weight, atol=1e-5, rtol=1e-4, msg=name)

@@ -3,31 +3,33 @@
 The recipe is the one DeiT made standard for ViTs, cut down to what a small model on a
 small dataset needs: AdamW with no weight decay on biases, norms, tokens and position
 embeddings; a linear warmup then a cosine decay, updated every step; label smoothing;
-optional mixup (off by default); gradient clipping; mixed precision on a CUDA GPU only.
+optional mixup (off by default); gradient clipping; mixed precision on a CUDA GPU only;
+a checkpoint after every epoch to resume from; several processes under ``torchrun``.
 
-``fit`` measures the model on a held-out loader after every epoch: a **validation**
-split while you choose hyperparameters or the epoch to keep (``keep_best=True`` restores
-the weights of the epoch with the best held-out accuracy), and the test split only once, at
-the very end, with :func:`evaluate`.
-
-``fit`` seeds PyTorch's global generator with ``config.seed`` before it starts (dropout,
-drop path and mixup draw from it) and the caller's training loader should carry its own
-seeded generator (``vitlab.data.make_loaders`` does): then two runs on the CPU give the
-same history, number for number.
+``fit`` measures the model on a held-out loader after every epoch: a **validation** split
+while you choose hyperparameters or the epoch to keep (``keep_best=True``), the test split
+only once, at the very end, with :func:`evaluate`. It seeds PyTorch with ``config.seed``
+(dropout, drop path and mixup draw from it); with a training loader that carries its own
+seeded generator (``vitlab.data.make_loaders``) two runs on the CPU give the same history.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 # Parameters whose names contain one of these get no weight decay (as in timm's ViTs).
 NO_DECAY_NAMES = ("cls_token", "dist_token", "pos_embed", "attention_biases")
@@ -49,6 +51,7 @@ class TrainConfig:
     seed: int = 0
     progress: bool = True  # a tqdm bar over the epochs
     keep_best: bool = False  # end with the weights of the epoch with the best held-out accuracy
+    checkpoint: str | os.PathLike | None = None  # a file, written after every epoch (rank 0 only)
 
     def __post_init__(self) -> None:
         if not isinstance(self.epochs, int) or self.epochs < 1:
@@ -77,6 +80,7 @@ class History:
     eval_loss: list[float] = field(default_factory=list)
     eval_acc: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)  # wall time of the epoch (training + held-out)
+    skipped_steps: list[int] = field(default_factory=list)  # fp16 steps with inf/NaN gradients, not taken
 
     def as_dict(self) -> dict[str, list]:
         return asdict(self)
@@ -142,16 +146,34 @@ def as_logits(output: Tensor | tuple[Tensor, ...]) -> Tensor:
     return torch.stack(output).mean(0) if isinstance(output, tuple) else output
 
 
+def amp_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for ``device``: bf16 on a GPU that computes it natively (Ampere,
+    sm_80, and later), fp16 on older GPUs such as Colab's T4 (sm_75), which only emulates
+    bf16, slowly; ``None`` (no autocast) on the CPU."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+
+
 def _autocast(device: torch.device, enabled: bool):
-    """bf16 autocast on a CUDA GPU that supports it, fp16 otherwise; nothing on the CPU."""
-    use = enabled and device.type == "cuda"
-    dtype = torch.bfloat16 if use and torch.cuda.is_bf16_supported() else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=use)
+    dtype = amp_dtype(device) if enabled else None
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def _all_reduce(values: list[float], group: Any = None) -> list[float]:
+    """Sum ``values`` over the processes of a torchrun job; unchanged in a single process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces GPU tensors only
+    totals = torch.tensor(values, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
+    dist.all_reduce(totals, group=group)
+    return totals.tolist()
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, *, amp: bool = True) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` (put in eval mode) over ``loader``."""
+def evaluate(model: nn.Module, loader: Iterable, *, amp: bool = True, group: Any = None) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` (put in eval mode) over ``loader``; under
+    torchrun, over the images of every process's ``loader`` together."""
     model.eval()
     device = next(model.parameters()).device
     loss_sum, correct, count = 0.0, 0, 0
@@ -162,16 +184,68 @@ def evaluate(model: nn.Module, loader: Iterable, *, amp: bool = True) -> tuple[f
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += (logits.argmax(-1) == labels).sum().item()
         count += labels.numel()
+    loss_sum, correct, count = _all_reduce([loss_sum, correct, count], group)
     if count == 0:
         raise ValueError("evaluate got an empty loader")
     return loss_sum / count, correct / count
 
 
-def fit(model: nn.Module, train_loader: DataLoader, eval_loader: Iterable, config: TrainConfig) -> History:
+def _rng_states(loader: DataLoader, device: torch.device) -> dict:
+    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,  # this process's GPU only
+        "numpy": (kind, torch.tensor(key), pos, has_gauss, gauss),  # a tensor: loadable with weights_only
+        "python": random.getstate(),
+        "loader": loader.generator.get_state() if loader.generator is not None else None,  # the shuffle order
+    }
+
+
+def _set_rng_states(states: dict, loader: DataLoader, device: torch.device) -> None:
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+    kind, key, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, key.numpy(), pos, has_gauss, gauss))
+    random.setstate(states["python"])
+    if states["loader"] is not None and loader.generator is not None:
+        loader.generator.set_state(states["loader"])
+
+
+def _load_checkpoint(path: str | os.PathLike, identity: dict[str, str]) -> dict:
+    """The checkpoint at ``path``, refused unless it comes from a run with the same model
+    config (preset and overrides) and training settings."""
+    # weights_only: tensors and plain types only. On the CPU: RNG states must stay there.
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for key, ours in identity.items():
+        if state["identity"][key] != ours:
+            raise ValueError(
+                f"checkpoint {os.fspath(path)} is from another run: its {key} config is {state['identity'][key]}, "
+                f"this run's is {ours}. Resume with the same model and TrainConfig, or pass resume=False."
+            )
+    return state
+
+
+def fit(
+    model: nn.Module,
+    train_loader: DataLoader,
+    eval_loader: DataLoader,
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    group: Any = None,
+) -> History:
     """Train ``model`` (already on its device) for ``config.epochs`` epochs; measure it on ``eval_loader`` after each.
 
     ``eval_loader`` is held-out data: a validation split to choose hyperparameters and the
     epoch (``config.keep_best``), or, once the choices are made, the test split.
+
+    ``resume=True`` continues from ``config.checkpoint`` if that file exists (else starts
+    afresh), to the same weights and history as a run never stopped. Under torchrun (a
+    process group is initialised, or ``group`` given) the model is wrapped in
+    ``DistributedDataParallel`` and each process trains on its share of every epoch: the
+    global batch is the number of processes times ``train_loader.batch_size``. Rank 0 alone
+    shows progress and writes the checkpoint.
 
     Returns:
         The :class:`History` of the run. The model is left trained, in eval mode, with the
@@ -181,32 +255,55 @@ def fit(model: nn.Module, train_loader: DataLoader, eval_loader: Iterable, confi
         raise TypeError(f"config must be a vitlab.train.TrainConfig, got {type(config).__name__}")
     if len(train_loader) == 0:
         raise ValueError("train_loader is empty")
+    if resume and config.checkpoint is None:
+        raise ValueError("resume=True needs a file to resume from: TrainConfig(checkpoint=...)")
     torch.manual_seed(config.seed)
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(parameter_groups(model, config.weight_decay), lr=config.lr)
-    steps_per_epoch = len(train_loader)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
+    module, distributed = model, group is not None or (dist.is_available() and dist.is_initialized())
+    rank = dist.get_rank(group) if distributed else 0
+    if distributed:
+        world = dist.get_world_size(group)
+        model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                        process_group=group)  # fmt: skip
+        if not isinstance(train_loader.sampler, DistributedSampler):  # each process gets its share of the epoch
+            sampler = DistributedSampler(train_loader.dataset, world, rank, shuffle=True, seed=config.seed)
+            train_loader = DataLoader(train_loader.dataset, train_loader.batch_size, sampler=sampler,
+                                      num_workers=train_loader.num_workers)  # fmt: skip
+        held_out: Any = eval_loader.dataset
+        eval_loader = DataLoader(Subset(held_out, range(rank, len(held_out), world)), eval_loader.batch_size)
+    optimizer = torch.optim.AdamW(parameter_groups(module, config.weight_decay), lr=config.lr)
+    total, warmup = config.epochs * len(train_loader), config.warmup_epochs * len(train_loader)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(  # stepped after every batch
         optimizer,
-        lambda step: warmup_cosine(
-            step,
-            total_steps=config.epochs * steps_per_epoch,
-            warmup_steps=config.warmup_epochs * steps_per_epoch,
-            min_ratio=config.min_lr_ratio,
-        ),
+        lambda step: warmup_cosine(step, total_steps=total, warmup_steps=warmup, min_ratio=config.min_lr_ratio),
     )
-    use_fp16 = config.amp and device.type == "cuda" and not torch.cuda.is_bf16_supported()
-    scaler = torch.amp.GradScaler(device.type, enabled=use_fp16)
+    # fp16 needs a scaler: the loss is multiplied before backward so that small gradients do
+    # not round to zero, and a step whose gradients overflow (inf/NaN) is skipped.
+    scaler = torch.amp.GradScaler(device.type, enabled=config.amp and amp_dtype(device) == torch.float16)
     history = History()
     best_state: dict[str, Tensor] | None = None  # the best epoch's weights (keep_best)
-    epochs: Any = range(1, config.epochs + 1)  # a tqdm bar over it with config.progress
-    if config.progress:
+    settings = {k: v for k, v in asdict(config).items() if k not in ("checkpoint", "progress")}
+    identity = {"model": repr(getattr(module, "config", type(module).__name__)), "train": repr(settings)}
+    first = 1
+    if resume and config.checkpoint is not None and os.path.exists(config.checkpoint):
+        state = _load_checkpoint(config.checkpoint, identity)
+        module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        history, best_state, first = History(**state["history"]), state["best_state"], state["epoch"] + 1
+        _set_rng_states(state["rng"], train_loader, device)
+    epochs: Any = range(first, config.epochs + 1)  # a tqdm bar over it with config.progress
+    if config.progress and rank == 0:
         from tqdm.auto import tqdm
 
-        epochs = tqdm(epochs, desc="epochs", unit="epoch")
+        epochs = tqdm(epochs, desc="epochs", unit="epoch", initial=first - 1, total=config.epochs)
     for epoch in epochs:
         start = time.perf_counter()
+        if isinstance(train_loader.sampler, DistributedSampler):
+            train_loader.sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every process
         model.train()
-        loss_sum, correct, count = 0.0, 0, 0
+        loss_sum, correct, count, skipped = 0.0, 0, 0, 0
         for images, labels in train_loader:
             images, labels = images.to(device), labels.to(device)
             labels_b, lam = labels, 1.0
@@ -220,15 +317,18 @@ def fit(model: nn.Module, train_loader: DataLoader, eval_loader: Iterable, confi
             if config.grad_clip_norm is not None:
                 scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
-            scaler.step(optimizer)
-            scaler.update()
+            scale = scaler.get_scale()
+            scaler.step(optimizer)  # skipped when a gradient is inf or NaN
+            scaler.update()  # ... and then the scale shrinks
+            skipped += int(scaler.get_scale() < scale)
             scheduler.step()
             loss_sum += loss.item() * labels.numel()
             correct += (logits.argmax(-1) == labels).sum().item()
             count += labels.numel()
-        eval_loss, eval_acc = evaluate(model, eval_loader, amp=config.amp)
+        loss_sum, correct, count = _all_reduce([loss_sum, correct, count], group)
+        eval_loss, eval_acc = evaluate(module, eval_loader, amp=config.amp, group=group)
         if config.keep_best and (not history.eval_acc or eval_acc > max(history.eval_acc)):
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
         history.epoch.append(epoch)
         history.lr.append(optimizer.param_groups[0]["lr"])
         history.train_loss.append(loss_sum / count)
@@ -236,9 +336,20 @@ def fit(model: nn.Module, train_loader: DataLoader, eval_loader: Iterable, confi
         history.eval_loss.append(eval_loss)
         history.eval_acc.append(eval_acc)
         history.seconds.append(time.perf_counter() - start)
-        if config.progress:
+        history.skipped_steps.append(skipped)
+        if config.checkpoint is not None and rank == 0:
+            state = {
+                "identity": identity, "epoch": epoch, "model": module.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "best_state": best_state, "history": history.as_dict(),
+                "rng": _rng_states(train_loader, device),
+            }  # fmt: skip
+            temporary = f"{os.fspath(config.checkpoint)}.tmp"
+            torch.save(state, temporary)
+            os.replace(temporary, config.checkpoint)  # atomic: a disconnect leaves the old file or the new
+        if config.progress and rank == 0:
             epochs.set_postfix(loss=f"{loss_sum / count:.3f}", eval_acc=f"{eval_acc:.3f}")
     if best_state is not None:
-        model.load_state_dict(best_state)
-    model.eval()
+        module.load_state_dict(best_state)
+    module.eval()
     return history
