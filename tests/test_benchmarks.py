@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -41,14 +41,26 @@ def test_paired_ratio_needs_the_same_rounds() -> None:
         throughput.paired_ratio([1.0, 2.0], [1.0])
 
 
-def test_time_variants_pairs_each_round_with_the_reference() -> None:
-    # Sleeps stand in for forward passes: the reference takes twice as long as the variant.
-    variants = {"ref": lambda: time.sleep(0.002), "half": lambda: time.sleep(0.001)}
-    args = argparse.Namespace(runs=5, min_run_time=0.01)
-    stats = throughput.time_variants(variants, "ref", args)
+def test_time_variants_pairs_each_round_with_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake Timer whose measurement is what the variant returns: per round, the reference
+    # takes twice as long as the variant, and round 5 is slow for both (a busy machine).
+    class FakeTimer:
+        def __init__(self, stmt: str, *, globals: dict, num_threads: int, label: str) -> None:
+            assert stmt == "fn()" and num_threads == torch.get_num_threads()
+            self.fn = globals["fn"]
+
+        def blocked_autorange(self, min_run_time: float) -> SimpleNamespace:
+            return SimpleNamespace(median=self.fn())
+
+    monkeypatch.setattr(throughput.torch_benchmark, "Timer", FakeTimer)
+    rounds = [2.0, 4.0, 3.0, 2.2, 8.0]
+    reference, variant = iter(rounds), iter(t / 2 for t in rounds)
+    variants = {"ref": lambda: next(reference), "half": lambda: next(variant)}
+    stats = throughput.time_variants(variants, "ref", argparse.Namespace(runs=5, min_run_time=0.0))
+    assert stats["ref"]["wall"] == 3.0 and stats["half"]["wall"] == 1.5  # medians over rounds
     assert stats["ref"]["paired"] == 1.0
-    assert 1.5 < stats["half"]["paired"] < 2.5, stats
-    assert 0.0015 < stats["ref"]["wall"] < 0.01, stats  # seconds per pass, not per block
+    assert (stats["half"]["paired"], stats["half"]["paired_low"], stats["half"]["paired_high"]) == (2.0, 2.0, 2.0)
+    assert stats["half"]["spread"] == (8.0 - 2.0) / 3.0
 
 
 def test_fewer_than_five_runs_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
