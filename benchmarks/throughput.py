@@ -5,21 +5,35 @@ The reference is timm's model of the same name, or, for CvT, HuggingFace's
 For every model, the reference's randomly initialised weights are converted into the vitlab
 model (``vitlab.convert_state_dict``) and the logits are checked to agree within 1e-4 before
 anything is timed. The input size is the vitlab config's ``img_size`` (240 for CrossViT-S).
-Then four variants run in alternation, one forward pass of ``--batch-size`` images
-each, round after round (the starting variant rotates every round, so no variant always
-runs first after another one heated the caches):
+Four variants, each a forward pass of ``--batch-size`` images:
 
-* ``vitlab explicit``: vitlab with ``softmax(q k^T * scale) v`` written out, every speed path
-  off (:func:`vitlab.set_fused_attention` with ``False``: also CaiT's one-kernel head mixing
-  and LeViT's kernel choice and cached bias);
-* ``vitlab fused``: vitlab as it runs by default, with ``F.scaled_dot_product_attention`` and
-  every other speed path (a model without any switchable layer gets one row, ``vitlab``);
+* ``vitlab explicit``: vitlab with ``softmax(q k^T * scale) v`` written out
+  (:func:`vitlab.set_fused_attention` with ``False``);
+* ``vitlab fused``: vitlab as it runs by default, with ``F.scaled_dot_product_attention``
+  (a model without any switchable layer gets one row, ``vitlab``);
 * ``timm`` / ``hf``: the reference, in its default configuration;
 * ``timm (control)`` / ``hf (control)``: a second instance of the reference, built the same
-  way and given the same weights, timed as a fourth variant. Its ratio to the reference
-  should be 1; how far it is from 1 is the noise floor. (A second instance rather than the
-  same object timed twice: which model was built first can shift its speed by a few per
-  cent, and vitlab's model is built after the reference too.)
+  way and given the same weights. Its ratio to the reference should be 1; how far it is
+  from 1 is the noise floor. (A second instance rather than the same object timed twice:
+  which model was built first can shift its speed by a few per cent, and vitlab's model is
+  built after the reference too.)
+
+Timing is ``torch.utils.benchmark.Timer.blocked_autorange``, with torch's thread count
+(``--threads``) and, on a GPU, a synchronisation around every block. The variants take
+turns, round after round (``--runs`` rounds; the starting variant rotates every round, so no
+variant always runs first after another one heated the caches): in each round every variant
+is timed for ``--min-run-time`` seconds (at least one pass, after one untimed warm-up pass),
+giving its median time per pass in that round.
+
+Reported per variant: the median over the rounds, as images/s, and its ratio to the
+reference (> 1 means vitlab is faster). Also the *paired* ratio: in every round, the
+reference's time divided by the variant's, whose median over the rounds comes with a 95%
+bootstrap interval. The variants of a round ran seconds apart, so a slow phase of the
+machine mostly cancels in it; an interval that contains 1 means no difference was measured.
+fp32, eval mode, ``torch.inference_mode()``. The closing markdown table has one row per
+model: the reference's images/s, then images/s and ratios of vitlab fused and of vitlab
+explicit (the teaching path's cost), the control's ratio and the largest spread of any
+variant's rounds.
 
 ``--vit-pytorch`` additionally times vitlab against lucidrains' vit-pytorch, whose models
 have the same widths, depths and heads but are not the same models (vit_pytorch_models.py
@@ -34,26 +48,12 @@ allocated before the step (weights). On CPU: ``torch.profiler.profile(profile_me
 records every allocation and free of the step; the peak is the maximum of their running
 sum (CPU device), the total is the sum of all allocations.
 
-Reported: the median wall-clock time of ``--runs`` passes per variant (``--stat min``: the
-fastest pass), as images/s, and the ratio to the reference (> 1 means vitlab is faster).
-Also the *paired* ratio: in every round, the reference's time divided by the variant's,
-whose median over the rounds comes with a 95% bootstrap interval. The two passes of a
-round ran a second or less apart, so a slow phase of the machine mostly cancels in it; an
-interval that contains 1 means no difference was measured.
-Other processes only ever add time to a pass, so on a busy machine the fastest pass is the
-steadier estimate of what the code itself costs. They also steal wall-clock time unevenly,
-so the ratio of the median (fastest) *process CPU time* is printed too
-(CPU only; on CUDA it measures the host side and is left out). fp32, eval mode,
-``torch.inference_mode()``. The closing markdown table has one row per model: the
-reference's images/s, then images/s and ratios of vitlab fused and of vitlab explicit (the
-teaching path's cost), the control's ratio and the largest spread of any variant.
-
 Usage::
 
     python benchmarks/throughput.py                          # ViT-S/16 and ViT-B/16, batch 8
     python benchmarks/throughput.py --threads 2 --runs 9
-    python benchmarks/throughput.py --all --threads 2 --runs 5 --memory
-    python benchmarks/throughput.py --all --vit-pytorch --threads 2 --runs 21
+    python benchmarks/throughput.py --all --threads 2 --runs 11 --memory
+    python benchmarks/throughput.py --all --vit-pytorch --threads 2 --runs 11
     python benchmarks/throughput.py --models vit_tiny_patch16_224 --device cpu
 """
 
@@ -66,17 +66,17 @@ import platform
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import benchmark as torch_benchmark
 from vit_pytorch_models import VIT_PYTORCH_MODELS, build_vit_pytorch
 
 import vitlab
-from vitlab.family import FAMILIES, count_macs, family_of
+from vitlab.family import count_macs, family_of
 from vitlab.registry import SOURCES
 from vitlab.utils import count_parameters
 
@@ -93,12 +93,16 @@ def reference_library(family: str) -> str | None:
     return next((source for source in SOURCES if hasattr(module, f"convert_{source}")), None)
 
 
-# Every family with a reference implementation, from its ``FAMILY.benchmark_preset``:
-# vitlab name -> reference library, in chapter order.
+# One preset per family that has a reference implementation, in chapter order: vitlab name
+# -> the reference's library (DeepViT and T2T-ViT have none; --vit-pytorch times them).
 ALL_MODELS: dict[str, str] = {
-    info.benchmark_preset: library
-    for family, info in FAMILIES.items()
-    if info.benchmark_preset is not None and (library := reference_library(family)) is not None
+    "vit_base_patch16_224": "timm",
+    "deit_small_patch16_224": "timm",
+    "cait_xxs24_224": "timm",
+    "crossvit_small_240": "timm",
+    "pit_s_224": "timm",
+    "levit_128s": "timm",
+    "cvt_13": "hf",
 }
 
 # The presets whose only reference is HuggingFace (CvT: timm does not have it).
@@ -110,8 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), help="timm/vitlab model names")
     parser.add_argument("--all", action="store_true", help=f"every model with a reference: {', '.join(ALL_MODELS)}")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=7, help="timed forward passes per variant (>= 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed passes per variant first")
+    parser.add_argument("--runs", type=int, default=7, help="rounds in which every variant is timed (>= 5)")
+    parser.add_argument(
+        "--min-run-time", type=float, default=0.2, help="seconds each variant is timed per round (at least one pass)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--device", default="auto", help="'auto' (cuda when present), 'cpu' or 'cuda'")
     parser.add_argument("--memory", action="store_true", help="also the peak memory of one forward+backward step")
@@ -121,17 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also vitlab vs vit-pytorch's model of the same shape, for every preset "
         f"it has ({', '.join(VIT_PYTORCH_MODELS)}), or for --models where it has them",
     )
-    parser.add_argument(
-        "--stat",
-        choices=("median", "min"),
-        default="median",
-        help="time per variant: the median pass, or the fastest (steadier on a busy machine)",
-    )
     args = parser.parse_args(argv)
     if args.runs < 5:
         parser.error(f"--runs must be at least 5 for a meaningful median, got {args.runs}")
-    if args.batch_size < 1 or args.warmup < 0:
-        parser.error(f"need --batch-size >= 1 and --warmup >= 0, got {args.batch_size} and {args.warmup}")
+    if args.batch_size < 1 or args.min_run_time < 0:
+        parser.error(f"need --batch-size >= 1 and --min-run-time >= 0, got {args.batch_size} and {args.min_run_time}")
     if args.all:
         args.models = list(ALL_MODELS)
     return args
@@ -207,17 +207,6 @@ def build_pair(name: str, device: torch.device) -> tuple[nn.Module, nn.Module, s
     return model.to(device), reference.to(device), source, size, diff
 
 
-def time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
-    """Wall-clock and process CPU seconds of one call."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def paired_ratio(reference: list[float], variant: list[float], resamples: int = 2000) -> tuple[float, float, float]:
     """Median over rounds of ``reference[r] / variant[r]`` (> 1: the variant is faster), with a
     95% bootstrap interval (rounds resampled with replacement, fixed seed).
@@ -246,31 +235,27 @@ def vitlab_variants(model: nn.Module, images: torch.Tensor) -> dict[str, Callabl
 
 
 def time_variants(
-    variants: dict[str, Callable[[], object]], reference: str, args: argparse.Namespace, device: torch.device
+    variants: dict[str, Callable[[], object]], reference: str, args: argparse.Namespace
 ) -> dict[str, dict[str, float]]:
-    """Warm up, then ``args.runs`` rounds of one pass of every variant (the starting variant
-    rotates). Per variant: median (or fastest, ``--stat min``) wall and CPU seconds per
-    pass, the wall spread, and the paired ratio to ``reference`` (``paired``,
-    ``paired_low``, ``paired_high``, see :func:`paired_ratio`)."""
+    """``args.runs`` rounds in which every variant is timed (the starting variant rotates) by
+    ``torch.utils.benchmark.Timer.blocked_autorange``. Per variant: the median over the
+    rounds of the seconds per pass (``wall``), their spread, and the paired ratio to
+    ``reference`` (``paired``, ``paired_low``, ``paired_high``, see :func:`paired_ratio`)."""
     names = list(variants)
-    times: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
+    timers = {
+        v: torch_benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads(), label=v)
+        for v, fn in variants.items()
+    }
+    times: dict[str, list[float]] = {v: [] for v in names}
     with torch.inference_mode():
-        for _ in range(args.warmup):
-            for v in names:
-                variants[v]()
         for r in range(args.runs):
-            order = names[r % len(names) :] + names[: r % len(names)]  # rotate the start
-            for v in order:
-                times[v].append(time_once(variants[v], device))
+            for v in names[r % len(names) :] + names[: r % len(names)]:  # rotate the start
+                times[v].append(timers[v].blocked_autorange(min_run_time=args.min_run_time).median)
     result = {}
-    reference_walls = [w for w, _ in times[reference]]
-    stat = min if args.stat == "min" else statistics.median
-    for v, ts in times.items():
-        walls = [w for w, _ in ts]
-        paired, low, high = paired_ratio(reference_walls, walls)
+    for v, walls in times.items():
+        paired, low, high = paired_ratio(times[reference], walls)
         result[v] = {
-            "wall": stat(walls),
-            "cpu": stat(c for _, c in ts),
+            "wall": statistics.median(walls),
             "spread": (max(walls) - min(walls)) / statistics.median(walls),
             "paired": paired,
             "paired_low": low,
@@ -280,9 +265,9 @@ def time_variants(
 
 
 def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tuple[str, dict[str, dict[str, float]]]:
-    """The reference's source and, per variant: median (or fastest, ``--stat min``) wall and
-    CPU seconds per forward pass, the wall spread, and the paired ratio to the reference
-    (:func:`paired_ratio`: ``paired``, ``paired_low``, ``paired_high``)."""
+    """The reference's source and, per variant: the median seconds per forward pass, the
+    spread over rounds, and the paired ratio to the reference (:func:`paired_ratio`:
+    ``paired``, ``paired_low``, ``paired_high``)."""
     model, reference, source, size, diff = build_pair(name, device)
     if diff > 1e-4:
         raise RuntimeError(f"{name}: vitlab and {source} logits differ by {diff:.2e} (expected <= 1e-4)")
@@ -296,7 +281,7 @@ def benchmark(name: str, args: argparse.Namespace, device: torch.device) -> tupl
     control = build_reference(name, source).to(device)  # same seed, same weights
     control.load_state_dict(reference.state_dict())
     variants[f"{source} (control)"] = lambda: control(images)
-    result = time_variants(variants, source, args, device)
+    result = time_variants(variants, source, args)
     vitlab.set_fused_attention(model, True)
     print(
         f"\n{name}: {size} px, batch {args.batch_size}, {args.runs} runs, "
@@ -324,7 +309,7 @@ def benchmark_vit_pytorch(name: str, args: argparse.Namespace, device: torch.dev
     images = torch.randn(args.batch_size, 3, size, size, generator=torch.Generator().manual_seed(1)).to(device)
 
     variants: dict[str, Callable[[], object]] = {**vitlab_variants(model, images), "vit-pytorch": lambda: other(images)}
-    stats = time_variants(variants, "vit-pytorch", args, device)
+    stats = time_variants(variants, "vit-pytorch", args)
     vitlab.set_fused_attention(model, True)
     shape = (1, 3, size, size)
     info = {
@@ -412,33 +397,31 @@ def step_memory(model: nn.Module, images: torch.Tensor, device: torch.device) ->
         model.eval()
 
 
-def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int, on_cpu: bool) -> None:
+def print_speed_table(rows: list[tuple[str, str, dict[str, dict[str, float]]]], batch: int) -> None:
     """One markdown row per model: images/s of the reference, vitlab fused and vitlab explicit,
-    each vitlab path's ratio to the reference (wall and CPU time, > 1 = vitlab faster), the
-    paired ratio of vitlab fused and of the control with their 95% intervals, the control's
-    ratio (the noise floor) and the largest spread of any variant's passes."""
+    each vitlab path's ratio to the reference (> 1 = vitlab faster), the paired ratio of
+    vitlab fused and of the control with their 95% intervals, the control's ratio (the noise
+    floor) and the largest spread of any variant's rounds."""
     print(
-        "\n| model | reference | reference img/s | vitlab fused img/s | fused / ref (wall) | fused / ref (CPU) "
-        "| vitlab explicit img/s | explicit / ref (wall) | explicit / ref (CPU) | control / ref (wall) "
-        "| fused / ref, paired [95%] | control / ref, paired [95%] | max-min / median |"
+        "\n| model | reference | reference img/s | vitlab fused img/s | fused / ref | vitlab explicit img/s "
+        "| explicit / ref | control / ref | fused / ref, paired [95%] | control / ref, paired [95%] "
+        "| max-min / median |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, source, stats in rows:
         ref = stats[source]
 
         def cells(v: str) -> str:
             if v not in stats:
-                return "n/a | n/a | n/a"
-            cpu = f"{ref['cpu'] / stats[v]['cpu']:.3f}" if on_cpu else "n/a"
-            return f"{batch / stats[v]['wall']:.2f} | {ref['wall'] / stats[v]['wall']:.3f} | {cpu}"
-
-        fused = "vitlab fused" if "vitlab fused" in stats else "vitlab"
-        control = ref["wall"] / stats[f"{source} (control)"]["wall"]
-        spread = max(s["spread"] for s in stats.values())
+                return "n/a | n/a"
+            return f"{batch / stats[v]['wall']:.2f} | {ref['wall'] / stats[v]['wall']:.3f}"
 
         def paired(v: str) -> str:
             return f"{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]"
 
+        fused = "vitlab fused" if "vitlab fused" in stats else "vitlab"
+        control = ref["wall"] / stats[f"{source} (control)"]["wall"]
+        spread = max(s["spread"] for s in stats.values())
         print(
             f"| {name} | {source} | {batch / ref['wall']:.2f} | {cells(fused)} | {cells('vitlab explicit')} "
             f"| {control:.3f} | {paired(fused)} | {paired(f'{source} (control)')} | {spread:.0%} |"
@@ -488,10 +471,8 @@ def main(argv: list[str] | None = None) -> None:
         for v in stats:
             ips = args.batch_size / stats[v]["wall"]
             wall_ratio = stats[source]["wall"] / stats[v]["wall"]
-            cpu_ratio = stats[source]["cpu"] / stats[v]["cpu"] if on_cpu else float("nan")
             print(
                 f"  {v:<15} {stats[v]['wall'] * 1e3:9.1f} ms  {ips:8.2f} img/s  x{wall_ratio:.3f} of {source}"
-                + (f" (CPU time x{cpu_ratio:.3f})" if on_cpu else "")
                 + f"  max-min {stats[v]['spread']:.0%} of median"
                 + f"  paired x{stats[v]['paired']:.3f} [{stats[v]['paired_low']:.3f}, {stats[v]['paired_high']:.3f}]"
             )
@@ -508,7 +489,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             vit_pytorch_rows.append((name, benchmark_vit_pytorch(name, args, device)))
     if rows:
-        print_speed_table(rows, args.batch_size, on_cpu)
+        print_speed_table(rows, args.batch_size)
     if memory_rows:
         print_memory_table(memory_rows, args.batch_size, on_cpu)
     if vit_pytorch_rows:

@@ -28,7 +28,6 @@ from vitlab.family import (
     count_macs,
     family_of,
     format_tokens,
-    images_per_second,
     input_size_of,
     macs_by_operator,
     model_table,
@@ -383,7 +382,3 @@ def test_tiny_models_keep_the_paper_strides(tiny_models) -> None:
 def test_tiny_model_rejects_an_unknown_family() -> None:
     with pytest.raises(ValueError, match=r"unknown family 'resnet'; expected one of \['vit', 'deit'"):
         tiny_model("resnet")
-
-
-def test_images_per_second_is_positive(tiny_models) -> None:
-    assert images_per_second(tiny_models["vit"], (2, 1, 32, 32), warmup=1, runs=2) > 0

@@ -18,7 +18,6 @@ strides kept, widths and depths cut.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import Any
 
@@ -177,31 +176,6 @@ def model_table(names: list[str] | None = None) -> list[dict[str, Any]]:
         })  # fmt: skip
     order = list(FAMILY_PROPERTIES)
     return sorted(rows, key=lambda r: (order.index(r["family"]), r["macs"], r["model"]))
-
-
-@torch.inference_mode()
-def images_per_second(
-    model: nn.Module, input_size: tuple[int, int, int, int], *, warmup: int = 1, runs: int = 3
-) -> float:
-    """Images per second of forward passes on a random batch of ``input_size``: the batch size
-    over the median of ``runs`` timed passes, after ``warmup`` untimed ones. The model is put
-    in eval mode; it runs on its device, in fp32, with its current attention path."""
-    if runs < 1 or warmup < 0:
-        raise ValueError(f"expected runs >= 1 and warmup >= 0, got runs={runs}, warmup={warmup}")
-    model.eval()
-    device = next(model.parameters()).device
-    x = torch.randn(input_size, generator=torch.Generator().manual_seed(0)).to(device)
-    seconds = []
-    for i in range(warmup + runs):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        model(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            seconds.append(time.perf_counter() - start)
-    return input_size[0] / sorted(seconds)[len(seconds) // 2]
 
 
 # ---------------------------------------------------------------- tiny versions for digits
