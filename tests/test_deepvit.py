@@ -98,7 +98,9 @@ def test_reattended_maps_are_no_longer_probabilities() -> None:
 
 def _perturbed_reattention(transform_scale: bool) -> ReAttention:
     torch.manual_seed(0)
-    return perturb_(ReAttention(48, num_heads=4, transform_scale=transform_scale), std=0.3).eval()
+    layer = ReAttention(48, num_heads=4, transform_scale=transform_scale)
+    perturb_(layer, std=0.3)
+    return layer.eval()
 
 
 @pytest.mark.parametrize("transform_scale", [True, False])

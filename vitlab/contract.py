@@ -113,13 +113,9 @@ class FamilyInfo:
         token_mixers: the layer classes that mix tokens (each reads "the tokens of a
             stage"; :func:`vitlab.family.attention_token_counts` hooks them).
         tiny: ``(preset, overrides)`` of the teaching-size model for 32 px digits.
-        benchmark_preset: the preset ``benchmarks/throughput.py --all`` times against the
-            family's reference (timm, or HuggingFace where the file has only ``convert_hf``);
-            ``None`` for a family without a reference.
     """
 
     chapter: int
     properties: FamilyProperties
     token_mixers: tuple[type[nn.Module], ...]
     tiny: tuple[str, dict[str, Any]] = field(default=("", {}))
-    benchmark_preset: str | None = None

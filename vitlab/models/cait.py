@@ -408,7 +408,6 @@ FAMILY = FamilyInfo(
                                 "linear; talking heads", "no (cls joins late)", "touvron2021cait", "cait_xxs24_224"),
     token_mixers=(TalkingHeadAttn, ClassAttn),
     tiny=("cait_xxs24_224", dict(patch_size=16, embed_dim=24, depth=2, num_heads=2, init_values=None)),
-    benchmark_preset="cait_xxs24_224",
 )  # fmt: skip
 
 

@@ -397,7 +397,6 @@ FAMILY = FamilyInfo(
     token_mixers=(Attention, CrossAttention),
     tiny=("crossvit_tiny_240", dict(branch_img_size=(32, 32), patch_size=(8, 16), embed_dim=(16, 26),
                                     num_encoders=1, depth=(1, 2), num_heads=(2, 2))),
-    benchmark_preset="crossvit_small_240",
 )  # fmt: skip
 
 

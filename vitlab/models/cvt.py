@@ -399,7 +399,6 @@ FAMILY = FamilyInfo(
                                 "yes (conv token embedding)", "wu2021cvt", "cvt_13"),
     token_mixers=(ConvAttention,),
     tiny=("cvt_13", dict(embed_dim=(16, 24, 30), depth=(1, 1, 1), num_heads=(1, 2, 2))),
-    benchmark_preset="cvt_13",
 )  # fmt: skip
 
 # HuggingFace CvtForImageClassification name -> ours, applied in order to every key.

@@ -47,7 +47,6 @@ FAMILY = FamilyInfo(
                                 "no", "touvron2021deit", "deit_small_patch16_224"),
     token_mixers=(Attention,),
     tiny=("deit_tiny_distilled_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
-    benchmark_preset="deit_small_patch16_224",
 )  # fmt: skip
 
 

@@ -369,7 +369,6 @@ FAMILY = FamilyInfo(
                                 "linear + BatchNorm", "yes (shrink attention)", "graham2021levit", "levit_128s"),
     token_mixers=(LeViTAttention,),
     tiny=("levit_128s", dict(embed_dim=(16, 24, 32), key_dim=8, num_heads=(2, 2, 3), depth=(1, 1, 1))),
-    benchmark_preset="levit_128s",
 )  # fmt: skip
 
 

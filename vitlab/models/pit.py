@@ -251,7 +251,6 @@ FAMILY = FamilyInfo(
                                 "yes (depthwise-conv pooling)", "heo2021pit", "pit_s_224"),
     token_mixers=(Attention,),
     tiny=("pit_ti_224", dict(embed_dim=(8, 16, 32), depth=(1, 2, 2), num_heads=(1, 2, 4))),
-    benchmark_preset="pit_s_224",
 )  # fmt: skip
 
 

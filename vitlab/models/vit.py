@@ -217,7 +217,6 @@ FAMILY = FamilyInfo(
                                 "no", "dosovitskiy2021vit", "vit_small_patch16_224"),
     token_mixers=(Attention,),
     tiny=("vit_tiny_patch16_224", dict(patch_size=16, embed_dim=32, depth=2, num_heads=2)),
-    benchmark_preset="vit_base_patch16_224",
 )  # fmt: skip
 
 
