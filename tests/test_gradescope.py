@@ -31,11 +31,32 @@ from test_assignments import (  # noqa: E402
 
 # Gradescope's results.json (gradescope-autograders.readthedocs.io/en/latest/specs/, "Output format"):
 # every key it documents, with its type; "score" on the top level or on every test.
-TOP = {"score": (int, float), "execution_time": (int, float), "output": str, "output_format": str,
-       "test_output_format": str, "test_name_format": str, "visibility": str, "stdout_visibility": str,
-       "extra_data": dict, "tests": list, "leaderboard": list}  # fmt: skip
-TEST = {"score": (int, float), "max_score": (int, float), "status": str, "name": str, "name_format": str,
-        "number": str, "output": str, "output_format": str, "tags": list, "visibility": str, "extra_data": dict}  # fmt: skip
+TOP = {
+    "score": (int, float),
+    "execution_time": (int, float),
+    "output": str,
+    "output_format": str,
+    "test_output_format": str,
+    "test_name_format": str,
+    "visibility": str,
+    "stdout_visibility": str,
+    "extra_data": dict,
+    "tests": list,
+    "leaderboard": list,
+}
+TEST = {
+    "score": (int, float),
+    "max_score": (int, float),
+    "status": str,
+    "name": str,
+    "name_format": str,
+    "number": str,
+    "output": str,
+    "output_format": str,
+    "tags": list,
+    "visibility": str,
+    "extra_data": dict,
+}
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
 FORMATS = {"text", "html", "simple_format", "md", "ansi"}
 STATUS = {"passed", "failed"}
@@ -79,7 +100,9 @@ def test_the_zip_has_gradescopes_layout(release: Path, tmp_path: Path) -> None:
         requirements = archive.read("requirements.txt").decode().split()
     assert {"setup.sh", "run_autograder", "release/ch.ipynb", "settings.json"} <= names  # at the root
     assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
-    assert "packages/vitlab/vitlab/__init__.py" in names and "packages/vitlab_grader/vitlab_grader/gradescope.py" in names
+    assert (
+        "packages/vitlab/vitlab/__init__.py" in names and "packages/vitlab_grader/vitlab_grader/gradescope.py" in names
+    )
     assert "download.pytorch.org/whl/cpu" in setup and '"torch==' in setup  # CPU torch, pinned
     assert all("==" in line for line in requirements) and any(r.startswith("nbclient==") for r in requirements)
     assert settings["timeout"] == 60 and settings["visibility"] == "after_published"
@@ -88,16 +111,25 @@ def test_the_zip_has_gradescopes_layout(release: Path, tmp_path: Path) -> None:
 def test_results_json_follows_the_documented_format(release: Path) -> None:
     (ch,) = read_release([release])
     token, attention = ch.checks
-    notebook = NotebookResult("sub/ch.ipynb", student="x", release=ch.name, exercises=[
-        ExerciseResult("sub/ch.ipynb", token.check, "token_count", "FAIL", "FAIL [case 1/9]: \x1b[31mno", 1.0, 0.5, 0.5),
-        ExerciseResult("sub/ch.ipynb", attention.check, "attention", "ERROR", "the kernel died", 2.0, 0.0, None),  # type: ignore[arg-type]
-    ])  # fmt: skip
+    notebook = NotebookResult(
+        "sub/ch.ipynb",
+        student="x",
+        release=ch.name,
+        exercises=[
+            ExerciseResult(
+                "sub/ch.ipynb", token.check, "token_count", "FAIL", "FAIL [case 1/9]: \x1b[31mno", 1.0, 0.5, 0.5
+            ),
+            ExerciseResult("sub/ch.ipynb", attention.check, "attention", "ERROR", "the kernel died", 2.0, 0.0, None),  # type: ignore[arg-type]
+        ],
+    )
     document = results_json([notebook], [ch], "visible", 12.3)
     check_results(document)
     tests = document["tests"]
     assert [(t["score"], t["max_score"], t["status"]) for t in tests] == [(0.5, 1.0, "failed"), (0.0, 2.0, "failed")]
     assert "not graded" in tests[1]["output"] and "\x1b" not in tests[0]["output"]
-    assert document["score"] == 0.5 and document["extra_data"]["unscored"] == [f"{attention.check}: ERROR: the kernel died"]
+    assert document["score"] == 0.5 and document["extra_data"]["unscored"] == [
+        f"{attention.check}: ERROR: the kernel died"
+    ]
     missing = results_json([], [ch], "visible", 1)  # nothing submitted: every exercise "not submitted", 0
     check_results(missing)
     assert [t["max_score"] for t in missing["tests"]] == [1.0, 2.0] and missing["score"] == 0
@@ -126,13 +158,21 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     out = build([release], tmp_path / "autograder.zip", timeout=120)
     root = autograder_folder(out, tmp_path / "autograder", [sub])
     env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
-    done = subprocess.run([str(root / "run_autograder"), "--root", str(root)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [str(root / "run_autograder"), "--root", str(root)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     document = json.loads((root / "results" / "results.json").read_text())
     check_results(document)
     (expected,) = grade([sub], [release], timeout=120)
-    assert [(t["score"], t["max_score"]) for t in document["tests"]] == [(e.score, e.points) for e in expected.exercises]
+    assert [(t["score"], t["max_score"]) for t in document["tests"]] == [
+        (e.score, e.points) for e in expected.exercises
+    ]
     assert document["score"] == pytest.approx(expected.score) and 0 < document["score"] < 3
     assert document["output"].startswith("# Feedback on ch\\.ipynb") and document["output_format"] == "md"
 

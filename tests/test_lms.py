@@ -46,8 +46,12 @@ def rows(notebook: str, student: str, statuses: list[tuple[str, float | None]]) 
 
 
 def canvas_results(folder: Path) -> list[NotebookResult]:
-    names = ["doejane_LATE_12345_67890_09_pit.ipynb", "smithbob_23456_67891_09_pit.ipynb",
-             "leeann_34567_67892_09_pit.ipynb", "newstudent_99999_67893_09_pit.ipynb"]  # fmt: skip
+    names = [
+        "doejane_LATE_12345_67890_09_pit.ipynb",
+        "smithbob_23456_67891_09_pit.ipynb",
+        "leeann_34567_67892_09_pit.ipynb",
+        "newstudent_99999_67893_09_pit.ipynb",
+    ]
     paths = [folder / name for name in names]
     ids = student_ids(paths, root=folder)
     assert list(ids.values()) == ["12345", "23456", "34567", "99999"]  # Canvas's user id, not the SIS id
@@ -67,7 +71,12 @@ def read(path: Path) -> list[list[str]]:
 def test_canvas_names_keep_the_late_marker() -> None:
     found = canvas_name("subs/doejane_LATE_12345_67890_09_pit.ipynb")
     assert found is not None and (found.name, found.late, found.user_id, found.attachment, found.file) == (
-        "doejane", True, "12345", "67890", "09_pit.ipynb")  # fmt: skip
+        "doejane",
+        True,
+        "12345",
+        "67890",
+        "09_pit.ipynb",
+    )
     assert canvas_late("doejane_LATE_12345_67890_09_pit.ipynb") and not canvas_late("doejane_12345_67890_09_pit.ipynb")
     assert not canvas_late("LATE_09_pit.ipynb")
 
@@ -75,8 +84,9 @@ def test_canvas_names_keep_the_late_marker() -> None:
 def test_canvas_import_with_a_roster(tmp_path: Path) -> None:
     (tmp_path / "roster.csv").write_text(CANVAS_ROSTER, encoding="utf-8")
     results = canvas_results(tmp_path)
-    notes = write_canvas(results, tmp_path / "canvas.csv", assignment="Chapter 9", points=10,
-                         roster=tmp_path / "roster.csv")  # fmt: skip
+    notes = write_canvas(
+        results, tmp_path / "canvas.csv", assignment="Chapter 9", points=10, roster=tmp_path / "roster.csv"
+    )
     header, possible, *body = read(tmp_path / "canvas.csv")
     assert header == [*CANVAS_COLUMNS, "Chapter 9 (4321)"]  # the roster's column: Canvas's assignment id
     assert possible == ["    Points Possible", "", "", "", "", "10"]
@@ -98,35 +108,49 @@ def test_canvas_import_without_a_roster_has_one_score_column(tmp_path: Path) -> 
     header, possible, *body = read(tmp_path / "canvas.csv")
     assert header == [*CANVAS_COLUMNS, "'=cmd|'/C calc'!A0"] and possible[-1] == "4"  # raw points
     assert [line[:2] + line[-1:] for line in body] == [
-        ["doejane", "12345", "3"], ["smithbob", "23456", "4"], ["leeann", "34567", ""], ["newstudent", "99999", "0"]]  # fmt: skip
+        ["doejane", "12345", "3"],
+        ["smithbob", "23456", "4"],
+        ["leeann", "34567", ""],
+        ["newstudent", "99999", "0"],
+    ]
 
 
 def moodle_results(folder: Path) -> list[NotebookResult]:
-    paths = [folder / "Jane Doe_123456_assignsubmission_file_" / "09_pit.ipynb",
-             folder / "Bob Smith_234567_assignsubmission_file_" / "09_pit.ipynb",
-             folder / "Eve Hacker_456789_assignsubmission_file_" / "09_pit.ipynb"]  # fmt: skip
+    paths = [
+        folder / "Jane Doe_123456_assignsubmission_file_" / "09_pit.ipynb",
+        folder / "Bob Smith_234567_assignsubmission_file_" / "09_pit.ipynb",
+        folder / "Eve Hacker_456789_assignsubmission_file_" / "09_pit.ipynb",
+    ]
     ids = student_ids(paths, root=folder)
     assert list(ids.values()) == ["123456", "234567", "456789"]
     return [
         rows(str(paths[0]), ids[paths[0]], [("PASS", 2.0), ("FAIL", 1.0)]),
         rows(str(paths[1]), ids[paths[1]], [("PASS", 2.0), ("TIMEOUT", None)]),
-        NotebookResult(str(paths[2]), student=ids[paths[2]], exercises=[
-            ExerciseResult(str(paths[2]), "ex0", "f", "FAIL", "<script>alert(1)</script>", 2.0, 0.0, 0.0, "456789"),
-            ExerciseResult(str(paths[2]), "ex1", "f", "FAIL", "x", 2.0, 0.0, 0.0, "456789"),
-        ], anomalies=["=HYPERLINK(\"http://evil\")<img src=x onerror=alert(1)>"]),  # fmt: skip
+        NotebookResult(
+            str(paths[2]),
+            student=ids[paths[2]],
+            exercises=[
+                ExerciseResult(str(paths[2]), "ex0", "f", "FAIL", "<script>alert(1)</script>", 2.0, 0.0, 0.0, "456789"),
+                ExerciseResult(str(paths[2]), "ex1", "f", "FAIL", "x", 2.0, 0.0, 0.0, "456789"),
+            ],
+            anomalies=['=HYPERLINK("http://evil")<img src=x onerror=alert(1)>'],
+        ),
     ]
 
 
 def test_moodle_worksheet_fills_grade_and_feedback(tmp_path: Path) -> None:
     (tmp_path / "worksheet.csv").write_text(MOODLE_WORKSHEET, encoding="utf-8")
-    notes = write_moodle(moodle_results(tmp_path), tmp_path / "out.csv", points=100,
-                         worksheet=tmp_path / "worksheet.csv")  # fmt: skip
+    notes = write_moodle(
+        moodle_results(tmp_path), tmp_path / "out.csv", points=100, worksheet=tmp_path / "worksheet.csv"
+    )
     header, *body = read(tmp_path / "out.csv")
     assert header == list(MOODLE_COLUMNS)
     by_id = {line[0]: dict(zip(header, line, strict=True)) for line in body}
     assert list(by_id) == ["Participant 123456", "Participant 234567", "Participant 345678"]
-    assert by_id["Participant 123456"]["Grade"] == "75" and "ex1: FAIL 1 / 2" in by_id["Participant 123456"][
-        "Feedback comments"]  # fmt: skip
+    assert (
+        by_id["Participant 123456"]["Grade"] == "75"
+        and "ex1: FAIL 1 / 2" in by_id["Participant 123456"]["Feedback comments"]
+    )
     assert by_id["Participant 234567"]["Grade"] == ""  # not graded: the worksheet's (empty) grade stays
     assert "not graded: TIMEOUT" in by_id["Participant 234567"]["Feedback comments"]
     assert by_id["Participant 345678"]["Grade"] == "55.00"  # no submission: untouched

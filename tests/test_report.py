@@ -22,14 +22,23 @@ from vitlab_grader.report import (
 )
 
 ESC = "\x1b[31mred\x1b[0m\x1b]8;;http://evil\x07link\x1b]8;;\x07\x9b2J\u202egnp.exe"
-FORMULAS = ["=HYPERLINK(\"http://evil\",\"x\")", "@SUM(1+1)*cmd|' /C calc'!A0", "+1+1", "-2+3", "\t=1", "\r=1"]
+FORMULAS = ['=HYPERLINK("http://evil","x")', "@SUM(1+1)*cmd|' /C calc'!A0", "+1+1", "-2+3", "\t=1", "\r=1"]
 HTML = "<img src=x onerror=alert(1)>"
 FORGED = "x |\n\nScore: **3 / 3** points\n\n| a | b |\n```\n<script>alert(1)</script>"
 
 
 def row(student: str, exercise: str, status: str, score: float | None, message: str = "m", function: str = "f"):
-    return ExerciseResult(f"subs/{student}.ipynb", exercise, function, status, message, 1.0,
-                          1.0 if status == "PASS" else 0.0, score, student)  # type: ignore[arg-type]  # fmt: skip
+    return ExerciseResult(
+        f"subs/{student}.ipynb",
+        exercise,
+        function,
+        status,
+        message,
+        1.0,
+        1.0 if status == "PASS" else 0.0,
+        score,
+        student,
+    )  # type: ignore[arg-type]
 
 
 def read(path: Path) -> list[list[str]]:
@@ -52,8 +61,9 @@ def test_csv_cells_that_start_a_formula_are_quoted(text: str) -> None:
 
 def test_gradebook_neutralises_formulas_in_every_cell(tmp_path: Path) -> None:
     results = [
-        NotebookResult(f"subs/{i}.ipynb", student=text, exercises=[row(text, "t2t_grids", "PASS", 1.0)],
-                       anomalies=[text])  # fmt: skip
+        NotebookResult(
+            f"subs/{i}.ipynb", student=text, exercises=[row(text, "t2t_grids", "PASS", 1.0)], anomalies=[text]
+        )
         for i, text in enumerate(FORMULAS)
     ]
     write_gradebook(results, tmp_path / "book.csv")
@@ -68,12 +78,21 @@ def test_gradebook_neutralises_formulas_in_every_cell(tmp_path: Path) -> None:
 
 def test_an_exercise_not_graded_is_empty_never_0(tmp_path: Path) -> None:
     results = [
-        NotebookResult("subs/s1.ipynb", student="s1", exercises=[
-            row("s1", "a", "PASS", 1.0), row("s1", "b", "ERROR", None, "the kernel died in cell 3"),
-        ]),  # fmt: skip
-        NotebookResult("subs/s2.ipynb", student="s2", exercises=[row("s2", "a", "PASS", 1.0), row("s2", "b", "FAIL", 0.0)]),
+        NotebookResult(
+            "subs/s1.ipynb",
+            student="s1",
+            exercises=[
+                row("s1", "a", "PASS", 1.0),
+                row("s1", "b", "ERROR", None, "the kernel died in cell 3"),
+            ],
+        ),
+        NotebookResult(
+            "subs/s2.ipynb", student="s2", exercises=[row("s2", "a", "PASS", 1.0), row("s2", "b", "FAIL", 0.0)]
+        ),
         # a non-graded status with a score of 0.0 (older results): still no score
-        NotebookResult("subs/s3.ipynb", student="s3", exercises=[row("s3", "a", "TIMEOUT", 0.0), row("s3", "b", "PASS", 1.0)]),
+        NotebookResult(
+            "subs/s3.ipynb", student="s3", exercises=[row("s3", "a", "TIMEOUT", 0.0), row("s3", "b", "PASS", 1.0)]
+        ),
         NotebookResult("subs/s4.ipynb", student="s4", status="ERROR", error="cannot read the notebook"),
     ]
     write_gradebook(results, tmp_path / "book.csv")
@@ -85,7 +104,9 @@ def test_an_exercise_not_graded_is_empty_never_0(tmp_path: Path) -> None:
     assert by_id["s3"][1:4] == ["", "1", ""] and "a: not graded: TIMEOUT" in by_id["s3"][4]
     assert by_id["s4"][1:4] == ["", "", ""] and "cannot read the notebook" in by_id["s4"][4]
     write_csv(results, tmp_path / "results.csv")
-    report = {(r["student"], r["exercise"]): r for r in csv.DictReader(open(tmp_path / "results.csv", encoding="utf-8"))}
+    report = {
+        (r["student"], r["exercise"]): r for r in csv.DictReader(open(tmp_path / "results.csv", encoding="utf-8"))
+    }
     assert report["s1", "b"]["score"] == "" and report["s2", "b"]["score"] == "0"
     assert report["s4", ""]["score"] == "" and "cannot read" in report["s4", ""]["message"]
     text = feedback_markdown(results[0])
@@ -93,9 +114,15 @@ def test_an_exercise_not_graded_is_empty_never_0(tmp_path: Path) -> None:
 
 
 def test_markdown_feedback_escapes_student_text(tmp_path: Path) -> None:
-    result = NotebookResult(f"subs/{HTML}.ipynb", student=f"s1{HTML}", exercises=[
-        row("s1", "t2t_grids", "FAIL", 0.0, message=FORGED + ESC, function=f"f`|{HTML}"),
-    ], first_error=FORGED, anomalies=[HTML])  # fmt: skip
+    result = NotebookResult(
+        f"subs/{HTML}.ipynb",
+        student=f"s1{HTML}",
+        exercises=[
+            row("s1", "t2t_grids", "FAIL", 0.0, message=FORGED + ESC, function=f"f`|{HTML}"),
+        ],
+        first_error=FORGED,
+        anomalies=[HTML],
+    )
     (path,) = write_feedback([result], tmp_path)
     text = path.read_text(encoding="utf-8")
     assert "\x1b" not in text and "\x9b" not in text and "\u202e" not in text
@@ -119,16 +146,29 @@ def test_markdown_feedback_escapes_student_text(tmp_path: Path) -> None:
 
 
 def test_html_feedback_escapes_everything(tmp_path: Path) -> None:
-    result = NotebookResult(f"subs/{HTML}.ipynb", student=HTML, exercises=[
-        row("s1", "t2t_grids", "FAIL", 0.0, message=HTML + ESC, function=HTML),
-    ], error=HTML, status="ERROR", anomalies=[HTML])  # fmt: skip
+    result = NotebookResult(
+        f"subs/{HTML}.ipynb",
+        student=HTML,
+        exercises=[
+            row("s1", "t2t_grids", "FAIL", 0.0, message=HTML + ESC, function=HTML),
+        ],
+        error=HTML,
+        status="ERROR",
+        anomalies=[HTML],
+    )
     text = feedback_html(result)
     assert "<img" not in text and "\x1b" not in text and text.count(html.escape(HTML)) >= 5
 
 
 def test_summary_strips_terminal_escapes() -> None:
-    result = NotebookResult(f"subs/{ESC}.ipynb", student="s1", error=ESC, status="ERROR",
-                            exercises=[row("s1", "t", "FAIL", 0.0, message=ESC)], anomalies=[ESC])  # fmt: skip
+    result = NotebookResult(
+        f"subs/{ESC}.ipynb",
+        student="s1",
+        error=ESC,
+        status="ERROR",
+        exercises=[row("s1", "t", "FAIL", 0.0, message=ESC)],
+        anomalies=[ESC],
+    )
     text = summary(result)
     assert "\x1b" not in text and "\x9b" not in text and "\u202e" not in text and "redlink" in text
 

@@ -44,8 +44,12 @@ from pathlib import Path
 from typing import Any
 
 VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
-# What the grader and vitlab need in the container, pinned to the versions here.
-REQUIREMENTS = ("einops", "numpy", "tqdm", "nbformat", "nbclient", "jupyter_client", "ipykernel")
+# What the grader, vitlab and the chapters' notebooks import in the container, pinned to the
+# versions here (torch and torchvision come from PyTorch's CPU index, in setup.sh).
+REQUIREMENTS = (
+    "einops", "numpy", "tqdm", "nbformat", "nbclient", "jupyter_client", "ipykernel",
+    "matplotlib", "scikit-image", "scikit-learn", "timm", "torchinfo", "graphviz",
+)  # fmt: skip
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 
 SETUP_SH = """#!/usr/bin/env bash
@@ -53,11 +57,11 @@ SETUP_SH = """#!/usr/bin/env bash
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
-apt-get install -y --no-install-recommends python3 python3-venv python3-pip
+apt-get install -y --no-install-recommends python3 python3-venv python3-pip graphviz  # graphviz: the diagrams
 python3 -m venv /autograder/venv
 PIP=/autograder/venv/bin/pip
 "$PIP" install --upgrade pip
-"$PIP" install --index-url {torch_index} "torch=={torch}"
+"$PIP" install --index-url {torch_index} "torch=={torch}" {torchvision}
 "$PIP" install -r /autograder/source/requirements.txt
 "$PIP" install --no-deps /autograder/source/packages/vitlab /autograder/source/packages/vitlab_grader
 """
@@ -131,6 +135,8 @@ def build(
     vitlab_version = _version("vitlab", __import__("vitlab").__version__)
     grader_version = _version("vitlab-grader")
     torch_version = torch.__version__.split("+")[0]
+    vision = _version("torchvision", "").split("+")[0]
+    torchvision = f'"torchvision=={vision}"' if vision else "torchvision"
     requirements = [f"{name}=={_version(name)}" for name in REQUIREMENTS if _version(name, "") != ""]
     settings = {"timeout": timeout, "cell_timeout": cell_timeout, "all_or_nothing": all_or_nothing,
                 "visibility": visibility, "vitlab": vitlab_version, "vitlab_grader": grader_version}  # fmt: skip
@@ -144,7 +150,7 @@ def build(
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, data)
 
-        put("setup.sh", SETUP_SH.format(torch_index=TORCH_INDEX, torch=torch_version), 0o755)
+        put("setup.sh", SETUP_SH.format(torch_index=TORCH_INDEX, torch=torch_version, torchvision=torchvision), 0o755)
         put("run_autograder", RUN_AUTOGRADER, 0o755)
         put("requirements.txt", "\n".join(requirements) + "\n")
         put("settings.json", json.dumps(settings, indent=1) + "\n")
@@ -232,9 +238,7 @@ def run(root: str | Path = "/autograder") -> dict[str, Any]:
         release = root / "source" / "release"
         releases = read_release([release])
         folder = root / "submission"
-        paths = sorted(
-            p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts and not p.is_symlink()
-        )
+        paths = sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts and not p.is_symlink())
         results = []
         if paths:
             options = {"cell_timeout": settings.get("cell_timeout"), "all_or_nothing": settings.get("all_or_nothing")}
