@@ -22,18 +22,11 @@ from vitlab_grader.exercises import (
     find_notebooks,
     inspect_notebook,
 )
-from vitlab_grader.grade import (
-    ExerciseResult,
-    NotebookResult,
-    grade,
-    grade_notebook,
-    write_csv,
-    write_feedback,
-    write_gradebook,
-    write_json,
-)
+from vitlab_grader.grade import ExerciseResult, NotebookResult, grade, grade_notebook
 from vitlab_grader.ids import StudentIdError, student_id, student_ids
+from vitlab_grader.lms import write_canvas, write_moodle, write_moodle_feedback
 from vitlab_grader.release import Release, read_release
+from vitlab_grader.report import write_csv, write_feedback, write_gradebook, write_json
 from vitlab_grader.specs import check_spec
 from vitlab_grader.student import StudentCopy, make_student, student_notebook
 
@@ -56,8 +49,11 @@ __all__ = [
     "student_id",
     "student_ids",
     "student_notebook",
+    "write_canvas",
     "write_csv",
     "write_feedback",
     "write_gradebook",
     "write_json",
+    "write_moodle",
+    "write_moodle_feedback",
 ]

@@ -1,4 +1,4 @@
-"""``python -m vitlab_grader {validate,student,grade} ...``: the instructor's command line."""
+"""``python -m vitlab_grader {validate,student,grade,gradescope} ...``: the instructor's command line."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from vitlab_grader.exercises import (
     find_notebooks,
     inspect_notebook,
 )
-from vitlab_grader.grade import (
+from vitlab_grader.grade import grade
+from vitlab_grader.ids import SOURCES, StudentIdError
+from vitlab_grader.report import (
     CSV_COLUMNS,
-    grade,
     summary,
     write_csv,
     write_feedback,
     write_gradebook,
     write_json,
 )
-from vitlab_grader.ids import SOURCES, StudentIdError
 from vitlab_grader.student import make_student
 
 EXAMPLES = """examples:
@@ -88,6 +88,7 @@ def grade_command(args: argparse.Namespace) -> int:
             raise AssignmentError(f"--id-pattern is not a regular expression: {exc}") from exc
     if args.cell_timeout is not None and args.cell_timeout <= 0:
         raise AssignmentError("--cell-timeout must be > 0 seconds")
+    _check_lms(args)
     paths = [path for path, _ in find_notebooks(args.submissions)]
     for output in (args.out, args.json, args.gradebook):  # the folders, before hours of grading
         if output:
@@ -108,10 +109,10 @@ def grade_command(args: argparse.Namespace) -> int:
         write_json(results, args.json, args.timeout, release=[str(r) for r in args.release], **settings, **ids)
         written.append(args.json)
     if args.gradebook:
-        write_gradebook(results, args.gradebook, args.id_column)
+        _write_gradebook(args, results)
         written.append(args.gradebook)
     if args.feedback:
-        files = write_feedback(results, args.feedback, args.feedback_format)
+        files = _write_feedback(args, results)
         written.append(f"{_plural(len(files), 'feedback file')} in {args.feedback}")
     passed, total = sum(r.passed for r in results), sum(r.total for r in results)
     score, best = sum(r.score for r in results), sum(r.max_score for r in results)
@@ -125,6 +126,57 @@ def grade_command(args: argparse.Namespace) -> int:
     if sandboxes:
         print(f"sandbox: {', '.join(sandboxes)}" + ("; file isolation unavailable" if "none" in sandboxes else ""))
     return 0
+
+
+def gradescope_command(args: argparse.Namespace) -> int:
+    from vitlab_grader.gradescope import build
+
+    if args.cell_timeout is not None and args.cell_timeout <= 0:
+        raise AssignmentError("--cell-timeout must be > 0 seconds")
+    out = build(args.release, args.out, timeout=args.timeout, cell_timeout=args.cell_timeout,
+                all_or_nothing=args.all_or_nothing, visibility=args.visibility)  # fmt: skip
+    print(f"{out}: setup.sh, run_autograder, the release; upload it as the assignment's autograder")
+    return 0
+
+
+def _check_lms(args: argparse.Namespace) -> None:
+    """The LMS flags, before hours of grading."""
+    if args.lms is None:
+        if args.roster or args.assignment or args.points is not None:
+            raise AssignmentError("--roster, --assignment and --points go with --lms")
+        return
+    if not args.gradebook:
+        raise AssignmentError(f"--lms {args.lms} writes the gradebook: give --gradebook FILE")
+    if args.lms == "canvas" and not args.assignment:
+        raise AssignmentError("--lms canvas needs --assignment NAME (the gradebook column)")
+    if args.points is not None and args.points <= 0:
+        raise AssignmentError("--points must be > 0")
+    if args.roster and not Path(args.roster).is_file():
+        raise AssignmentError(f"--roster {args.roster}: no such file")
+
+
+def _write_gradebook(args: argparse.Namespace, results: list) -> None:
+    from vitlab_grader.lms import write_canvas, write_moodle
+
+    if args.lms == "canvas":
+        notes = write_canvas(
+            results, args.gradebook, assignment=args.assignment, points=args.points, roster=args.roster
+        )
+    elif args.lms == "moodle":
+        notes = write_moodle(results, args.gradebook, points=args.points, worksheet=args.roster)
+    else:
+        write_gradebook(results, args.gradebook, args.id_column)
+        return
+    for note in notes:
+        print(f"{args.lms}: {note}")
+
+
+def _write_feedback(args: argparse.Namespace, results: list) -> list:
+    from vitlab_grader.lms import write_moodle_feedback
+
+    if args.lms == "moodle":
+        return write_moodle_feedback(results, args.feedback, args.feedback_format)
+    return write_feedback(results, args.feedback, args.feedback_format)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,7 +253,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--feedback-format", choices=("md", "html"), default="md", help="feedback as Markdown or HTML (default md)"
     )
+    p.add_argument(
+        "--lms",
+        choices=("canvas", "moodle"),
+        default=None,
+        help="write --gradebook as the LMS imports it: Canvas's grade-import CSV or Moodle's offline grading "
+        "worksheet (and --feedback named for Moodle's feedback-zip upload)",
+    )
+    p.add_argument(
+        "--roster",
+        metavar="CSV",
+        help="with --lms canvas: Canvas's gradebook export (names, SIS ids, sections, non-submitters); "
+        "with --lms moodle: the downloaded grading worksheet",
+    )
+    p.add_argument("--assignment", metavar="NAME", help="with --lms canvas: the assignment's gradebook column")
+    p.add_argument(
+        "--points", type=float, default=None, help="with --lms: scale each total to these points (default: raw sum)"
+    )
     p.set_defaults(run=grade_command)
+
+    p = commands.add_parser("gradescope", help="build a Gradescope autograder zip that grades against the release")
+    p.add_argument("--release", required=True, nargs="+", metavar="RELEASE", help="the student copies `student` wrote")
+    p.add_argument("--out", required=True, metavar="ZIP", help="the autograder zip to write")
+    p.add_argument(
+        "--timeout", type=float, default=480, help="seconds for a whole notebook (default 480: Gradescope's 10 minutes)"
+    )
+    p.add_argument("--cell-timeout", type=float, default=None, metavar="SECONDS", help="seconds for one cell")
+    p.add_argument("--all-or-nothing", action="store_true", help="an exercise scores only if every case passes")
+    p.add_argument(
+        "--visibility",
+        choices=("hidden", "after_due_date", "after_published", "visible"),
+        default="visible",
+        help="when students see the tests' results (Gradescope's visibility; default visible)",
+    )
+    p.set_defaults(run=gradescope_command)
 
     args = parser.parse_args(argv)
     try:

@@ -37,9 +37,6 @@ or ``TIMEOUT``. Score: ``points * fraction`` (the share of the check's cases tha
 from __future__ import annotations
 
 import copy
-import csv
-import html
-import json
 import logging
 import math
 import re
@@ -47,7 +44,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -66,9 +63,6 @@ from vitlab_grader.release import (
 )
 
 STATUSES = ("PASS", "FAIL", "TODO", "ERROR", "TIMEOUT")
-CSV_COLUMNS = (
-    "notebook", "exercise", "function", "status", "message", "points", "fraction", "score", "student", "flags",
-)  # fmt: skip
 ANSWERS_LIMIT = 64 * 2**20  # bytes: the largest answers file the grader reads back from a kernel
 _WORK = ".vitlab-grader"  # the folder, inside the submission's, for the cases and answers files
 _DATA_STATUS = {"passed": "PASS", "failed": "FAIL", "not implemented": "TODO"}
@@ -529,201 +523,3 @@ def grade(
     # every thread its own event loop; the threads only wait on the kernels.
     with ThreadPoolExecutor(jobs) as pool:
         yield from pool.map(one, submissions)
-
-
-def _number(x: float) -> str:
-    """``1``, ``0.5``, ``0.6667``: points without trailing zeros."""
-    return f"{round(x, 4):g}"
-
-
-def write_csv(results: list[NotebookResult], path: str | Path) -> None:
-    """One row per (notebook, exercise), columns :data:`CSV_COLUMNS`."""
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer: csv.DictWriter[str] = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for result in results:
-            for row in result.rows():
-                values = asdict(row)
-                values.update({k: _number(values[k]) for k in ("points", "fraction", "score")})
-                writer.writerow(values)
-
-
-def gradebook(results: list[NotebookResult]) -> tuple[list[str], list[tuple[str, dict[str, float]]]]:
-    """``(exercise columns, [(student id, {column: score})])``: one row per student, ids sorted.
-
-    A student's notebooks (of different release notebooks: ids never collide,
-    :func:`vitlab_grader.ids.student_ids`) share one row. Columns are the check names
-    in the order they first appear; a check that two release notebooks both assign gets a
-    second column ``name (2)``. ``total`` is the sum of a row's scores.
-    """
-    columns: list[str] = []
-    students: dict[str, dict[str, float]] = {}
-    for result in results:
-        row = students.setdefault(result.student, {})
-        for exercise in result.exercises:
-            name = exercise.exercise
-            column, n = name, 1
-            while column in row:
-                n += 1
-                column = f"{name} ({n})"
-            row[column] = exercise.score
-            if column not in columns:
-                columns.append(column)
-    return columns, sorted(students.items())
-
-
-def _anomalies(result: NotebookResult) -> list[str]:
-    """What the report says about a notebook besides its scores: anomalies, flags, missing isolation."""
-    notes = list(result.anomalies) + [f"copied reference, {flag}" for flag in result.flags]
-    return notes + ([result.isolation] if result.isolation else [])
-
-
-def write_gradebook(results: list[NotebookResult], path: str | Path, id_column: str = "student_id") -> None:
-    """The gradebook CSV: column ``id_column``, one column per exercise, ``total``, then ``anomalies``.
-
-    ``anomalies`` lists, joined by `` | ``, what differs from the release (edited or extra
-    check cells, changed points...), the copied references flagged and a run without file
-    isolation; none of them changes a score.
-
-    The layout LMS imports take (an id column, then score columns): name ``id_column``
-    after the field your LMS matches students by (Canvas: ``SIS User ID``, Moodle: the
-    identifier you map on import such as ``ID number``, Gradescope: ``SID`` or ``Email``).
-    An exercise a student did not hand in is empty.
-    """
-    columns, rows = gradebook(results)
-    notes: dict[str, list[str]] = {}
-    for result in results:
-        notes.setdefault(result.student, []).extend(_anomalies(result))
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([id_column, *columns, "total", "anomalies"])
-        for student, scores in rows:
-            cells = [_number(scores[c]) if c in scores else "" for c in columns]
-            writer.writerow([student, *cells, _number(sum(scores.values())), " | ".join(notes[student])])
-
-
-def write_json(results: list[NotebookResult], path: str | Path, timeout: float, **settings: Any) -> None:
-    """Every notebook with its status, errors, run time, score and exercises; ``settings`` are recorded too."""
-    notebooks = [
-        {**asdict(r), "passed": r.passed, "total": r.total, "score": r.score, "max_score": r.max_score,
-         "flags": r.flags, "exercises": [asdict(e) for e in r.rows()]}
-        for r in results
-    ]  # fmt: skip
-    document = {"timeout": timeout, **settings, "notebooks": notebooks}
-    Path(path).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-
-
-def _feedback_name(result: NotebookResult, used: set[str], suffix: str) -> str:
-    stem = Path(result.notebook).name.removesuffix(".ipynb") or "notebook"
-    name, n = f"{stem}{suffix}", 1
-    while name in used:
-        n += 1
-        name = f"{stem}-{n}{suffix}"
-    used.add(name)
-    return name
-
-
-def _cases(row: ExerciseResult) -> str:
-    return f"{row.fraction:.0%} of the cases" if row.status in ("PASS", "FAIL", "TODO") else "not graded"
-
-
-def feedback_markdown(result: NotebookResult) -> str:
-    """A submission's feedback as Markdown: score, notebook problems, each exercise's status, points and message."""
-    name = Path(result.notebook).name
-    lines = [f"# Feedback on {name}", ""]
-    if result.student:
-        lines += [f"Student: {result.student}", ""]
-    score = f"Score: **{_number(result.score)} / {_number(result.max_score)}** points"
-    lines += [f"{score} ({result.passed} of {result.total} exercises passed).", ""]
-    if result.error:
-        lines += [f"The notebook: {result.status}: {result.error}", ""]
-    if result.first_error and result.first_error != result.error:
-        lines += [f"First error outside the checks: {result.first_error}", ""]
-    if _anomalies(result):
-        lines += ["Noted for your instructor (no effect on the score):", ""]
-        lines += [f"- {note}" for note in _anomalies(result)] + [""]
-    lines += ["| Exercise | Your function | Status | Cases | Points |", "|---|---|---|---|---|"]
-    for row in result.rows():
-        function = f"`{row.function}`" if row.function else "-"
-        points_text = f"{_number(row.score)} / {_number(row.points)}"
-        lines.append(f"| `{row.exercise or '-'}` | {function} | {row.status} | {_cases(row)} | {points_text} |")
-    lines.append("")
-    for row in result.rows():
-        lines += [f"## {row.exercise or 'The notebook'}", "", "```text", row.message, "```", ""]
-    return "\n".join(lines)
-
-
-_STYLE = (
-    "<style>body{font-family:sans-serif;max-width:50em;margin:2em auto}"
-    "td,th{border:1px solid #ccc;padding:.3em .6em}table{border-collapse:collapse}"
-    "pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}</style>"
-)
-
-
-def feedback_html(result: NotebookResult) -> str:
-    """The same content as :func:`feedback_markdown`, as a standalone HTML page."""
-    e = html.escape
-    name = Path(result.notebook).name
-    parts = [
-        "<!DOCTYPE html>", '<html lang="en">', '<head><meta charset="utf-8">',
-        f"<title>Feedback on {e(name)}</title>",
-        _STYLE,
-        "</head>", "<body>", f"<h1>Feedback on {e(name)}</h1>",
-    ]  # fmt: skip
-    if result.student:
-        parts.append(f"<p>Student: {e(result.student)}</p>")
-    parts.append(f"<p>Score: <strong>{_number(result.score)} / {_number(result.max_score)}</strong> points "
-                 f"({result.passed} of {result.total} exercises passed).</p>")  # fmt: skip
-    if result.error:
-        parts.append(f"<p>The notebook: {e(result.status)}: {e(result.error)}</p>")
-    if result.first_error and result.first_error != result.error:
-        parts.append(f"<p>First error outside the checks: {e(result.first_error)}</p>")
-    if _anomalies(result):
-        parts.append("<p>Noted for your instructor (no effect on the score):</p><ul>")
-        parts += [f"<li>{e(note)}</li>" for note in _anomalies(result)] + ["</ul>"]
-    parts.append("<table><tr><th>Exercise</th><th>Your function</th><th>Status</th><th>Cases</th><th>Points</th></tr>")
-    for row in result.rows():
-        parts.append(
-            f"<tr><td><code>{e(row.exercise or '-')}</code></td><td><code>{e(row.function or '-')}</code></td>"
-            f"<td>{e(row.status)}</td><td>{e(_cases(row))}</td>"
-            f"<td>{_number(row.score)} / {_number(row.points)}</td></tr>"
-        )
-    parts.append("</table>")
-    for row in result.rows():
-        parts += [f"<h2>{e(row.exercise or 'The notebook')}</h2>", f"<pre>{e(row.message)}</pre>"]
-    parts += ["</body>", "</html>", ""]
-    return "\n".join(parts)
-
-
-def write_feedback(results: list[NotebookResult], folder: str | Path, fmt: str = "md") -> list[Path]:
-    """One feedback file per submission in ``folder`` (``<notebook name>.md`` or ``.html``); the paths written."""
-    if fmt not in ("md", "html"):
-        raise ValueError(f"feedback format must be 'md' or 'html', got {fmt!r}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    used: set[str] = set()
-    written = []
-    for result in results:
-        target = folder / _feedback_name(result, used, f".{fmt}")
-        text = feedback_markdown(result) if fmt == "md" else feedback_html(result)
-        target.write_text(text, encoding="utf-8")
-        written.append(target)
-    return written
-
-
-def summary(result: NotebookResult, width: int = 100) -> str:
-    """A notebook's score line, then one line per exercise: status, check, points, message."""
-    head = (f"{result.notebook}: {result.passed}/{result.total} passed, "
-            f"{_number(result.score)}/{_number(result.max_score)} points ({result.seconds:.1f} s)")  # fmt: skip
-    if result.error:
-        head += f", {result.status}: {result.error}"
-    lines = [head] + [f"  anomaly: {note}" for note in _anomalies(result)]
-    for row in result.rows():
-        message = "" if row.status == "PASS" else row.message
-        if row.exercise:  # "FAIL name [case 1/9: label]: what" -> "case 1/9: what"
-            message = re.sub(rf"^(FAIL|TODO) {re.escape(row.exercise)}\b:?\s*", "", message)
-            message = re.sub(r"^\[case (\d+/\d+)[^\]]*\]:\s*", r"case \1: ", message)
-        worth = f"{_number(row.score)}/{_number(row.points)}"
-        text = f"  {row.status:<8} {row.exercise or '-':<30} {worth:>7}  {message}".rstrip()
-        lines.append(text if len(text) <= width else text[: width - 3] + "...")
-    return "\n".join(lines)

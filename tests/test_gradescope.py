@@ -1,0 +1,191 @@
+"""The Gradescope autograder: the zip's layout, results.json in Gradescope's format, the same scores as `grade`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vitlab_grader import make_student
+from vitlab_grader.grade import ExerciseResult, NotebookResult
+from vitlab_grader.gradescope import build, results_json
+from vitlab_grader.release import read_release
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_assignments import (  # noqa: E402
+    ATTENTION_RIGHT,
+    TOKEN_PITFALL_9,
+    TOKEN_RIGHT,
+    instructor_notebook,
+    submission,
+    write,
+)
+
+# Gradescope's results.json (gradescope-autograders.readthedocs.io/en/latest/specs/, "Output format"):
+# every key it documents, with its type; "score" on the top level or on every test.
+TOP = {
+    "score": (int, float),
+    "execution_time": (int, float),
+    "output": str,
+    "output_format": str,
+    "test_output_format": str,
+    "test_name_format": str,
+    "visibility": str,
+    "stdout_visibility": str,
+    "extra_data": dict,
+    "tests": list,
+    "leaderboard": list,
+}
+TEST = {
+    "score": (int, float),
+    "max_score": (int, float),
+    "status": str,
+    "name": str,
+    "name_format": str,
+    "number": str,
+    "output": str,
+    "output_format": str,
+    "tags": list,
+    "visibility": str,
+    "extra_data": dict,
+}
+VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+FORMATS = {"text", "html", "simple_format", "md", "ansi"}
+STATUS = {"passed", "failed"}
+
+
+def check_results(document: dict[str, Any]) -> None:
+    """Raise AssertionError where ``document`` departs from Gradescope's documented results.json."""
+    assert isinstance(document, dict)
+    for key, value in document.items():
+        assert key in TOP, f"unknown top-level key {key!r}"
+        assert isinstance(value, TOP[key]), (key, value)
+    for key in ("visibility", "stdout_visibility"):
+        assert document.get(key, "visible") in VISIBILITY
+    assert document.get("output_format", "text") in FORMATS
+    tests = document.get("tests", [])
+    assert "score" in document or (tests and all("score" in t for t in tests)), "a score is required"
+    for test in tests:
+        for key, value in test.items():
+            assert key in TEST, f"unknown test key {key!r}"
+            assert isinstance(value, TEST[key]), (key, value)
+        assert test.get("visibility", "visible") in VISIBILITY and test.get("output_format", "text") in FORMATS
+        assert test.get("status", "passed") in STATUS
+        assert 0 <= test.get("score", 0) <= test.get("max_score", float("inf"))
+    json.dumps(document, allow_nan=False)  # plain JSON: no NaN
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    instructor = write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
+    make_student([instructor], tmp_path / "student")
+    return tmp_path / "student"
+
+
+def test_the_zip_has_gradescopes_layout(release: Path, tmp_path: Path) -> None:
+    out = build([release], tmp_path / "autograder.zip", timeout=60, visibility="after_published")
+    with zipfile.ZipFile(out) as archive:
+        names = set(archive.namelist())
+        modes = {info.filename: info.external_attr >> 16 for info in archive.infolist()}
+        setup = archive.read("setup.sh").decode()
+        settings = json.loads(archive.read("settings.json"))
+        requirements = archive.read("requirements.txt").decode().split()
+    assert {"setup.sh", "run_autograder", "release/ch.ipynb", "settings.json"} <= names  # at the root
+    assert modes["run_autograder"] & stat.S_IXUSR and modes["setup.sh"] & stat.S_IXUSR
+    assert (
+        "packages/vitlab/vitlab/__init__.py" in names and "packages/vitlab_grader/vitlab_grader/gradescope.py" in names
+    )
+    assert "download.pytorch.org/whl/cpu" in setup and '"torch==' in setup  # CPU torch, pinned
+    assert all("==" in line for line in requirements) and any(r.startswith("nbclient==") for r in requirements)
+    assert settings["timeout"] == 60 and settings["visibility"] == "after_published"
+
+
+def test_results_json_follows_the_documented_format(release: Path) -> None:
+    (ch,) = read_release([release])
+    token, attention = ch.checks
+    notebook = NotebookResult(
+        "sub/ch.ipynb",
+        student="x",
+        release=ch.name,
+        exercises=[
+            ExerciseResult(
+                "sub/ch.ipynb", token.check, "token_count", "FAIL", "FAIL [case 1/9]: \x1b[31mno", 1.0, 0.5, 0.5
+            ),
+            ExerciseResult("sub/ch.ipynb", attention.check, "attention", "ERROR", "the kernel died", 2.0, 0.0, None),  # type: ignore[arg-type]
+        ],
+    )
+    document = results_json([notebook], [ch], "visible", 12.3)
+    check_results(document)
+    tests = document["tests"]
+    assert [(t["score"], t["max_score"], t["status"]) for t in tests] == [(0.5, 1.0, "failed"), (0.0, 2.0, "failed")]
+    assert "not graded" in tests[1]["output"] and "\x1b" not in tests[0]["output"]
+    assert document["score"] == 0.5 and document["extra_data"]["unscored"] == [
+        f"{attention.check}: ERROR: the kernel died"
+    ]
+    missing = results_json([], [ch], "visible", 1)  # nothing submitted: every exercise "not submitted", 0
+    check_results(missing)
+    assert [t["max_score"] for t in missing["tests"]] == [1.0, 2.0] and missing["score"] == 0
+    with pytest.raises(AssertionError):  # the check can fail
+        check_results({**document, "tests": [{**tests[0], "visibility": "students"}]})
+
+
+def autograder_folder(zip_path: Path, root: Path, submissions: list[Path]) -> Path:
+    """``root`` laid out as Gradescope's /autograder: source/, run_autograder, submission/, results/."""
+    with zipfile.ZipFile(zip_path) as archive:
+        archive.extractall(root / "source")
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    (root / "run_autograder").chmod(0o755)
+    (root / "submission").mkdir(parents=True)
+    for path in submissions:
+        shutil.copy(path, root / "submission" / path.name)
+    return root
+
+
+@pytest.mark.slow
+def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> None:
+    from vitlab_grader import grade
+
+    student = release / "ch.ipynb"
+    sub = submission(student, TOKEN_PITFALL_9, ATTENTION_RIGHT, tmp_path / "subs" / "ch.ipynb")
+    out = build([release], tmp_path / "autograder.zip", timeout=120)
+    root = autograder_folder(out, tmp_path / "autograder", [sub])
+    env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
+    done = subprocess.run(
+        [str(root / "run_autograder"), "--root", str(root)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    document = json.loads((root / "results" / "results.json").read_text())
+    check_results(document)
+    (expected,) = grade([sub], [release], timeout=120)
+    assert [(t["score"], t["max_score"]) for t in document["tests"]] == [
+        (e.score, e.points) for e in expected.exercises
+    ]
+    assert document["score"] == pytest.approx(expected.score) and 0 < document["score"] < 3
+    assert document["output"].startswith("# Feedback on ch\\.ipynb") and document["output_format"] == "md"
+
+
+@pytest.mark.slow
+def test_run_autograder_with_a_right_answer_and_no_notebook(release: Path, tmp_path: Path) -> None:
+    student = release / "ch.ipynb"
+    sub = submission(student, TOKEN_RIGHT, ATTENTION_RIGHT, tmp_path / "subs" / "ch.ipynb")
+    out = build([release], tmp_path / "autograder.zip", timeout=120)
+    env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
+    for name, subs, score in (("full", [sub], 3), ("empty", [], 0)):
+        root = autograder_folder(out, tmp_path / name, subs)
+        subprocess.run([str(root / "run_autograder"), "--root", str(root)], env=env, check=True, timeout=600)
+        document = json.loads((root / "results" / "results.json").read_text())
+        check_results(document)
+        assert document["score"] == score and sum(t["max_score"] for t in document["tests"]) == 3
