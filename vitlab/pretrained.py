@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -88,8 +89,8 @@ def has_pretrained(name: str) -> bool:
     return True
 
 
-def _cached_or_downloaded(name: str, repo_id: str, filename: str, load: Callable[[bool], T]) -> T:
-    """``load(local_files_only=True)``; else ``load(False)`` once the hub answers for ``filename``.
+def _cached_or_downloaded(name: str, repo_id: str, filename: str, load: Callable[..., T]) -> T:
+    """``load(local_files_only=True)``; else, once the hub answers for ``filename``, ``load()``.
 
     That one metadata request is not retried, so it fails in seconds where the hub cannot be
     reached; a download retries each file for half a minute before it gives up.
@@ -97,7 +98,7 @@ def _cached_or_downloaded(name: str, repo_id: str, filename: str, load: Callable
     import huggingface_hub
 
     try:
-        return load(True)  # the cached copy, no network
+        return load(local_files_only=True)  # the cached copy, no network
     except OSError:  # not cached: LocalEntryNotFoundError (hub), OSError (transformers)
         pass
     # huggingface_hub's errors are OSErrors (OfflineModeIsEnabled under HF_HUB_OFFLINE=1);
@@ -105,7 +106,7 @@ def _cached_or_downloaded(name: str, repo_id: str, filename: str, load: Callable
     errors = (OSError, *(sys.modules[m].HTTPError for m in ("httpx", "httpx2") if m in sys.modules))
     try:
         huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(repo_id, filename))  # one try
-        return load(False)
+        return load()
     except errors as error:
         offline = " (HF_HUB_OFFLINE is set)" if huggingface_hub.is_offline_mode() else ""
         raise WeightsUnavailableError(
@@ -126,9 +127,7 @@ def _reference_state_dict(name: str, source: str, weights_id: str) -> dict[str, 
         cfg: Any = timm.models.get_pretrained_cfg(weights_id)
         filename = cfg.hf_hub_filename or "model.safetensors"  # what every timm/ repository holds
 
-        def download(local_files_only: bool) -> str:
-            return huggingface_hub.hf_hub_download(cfg.hf_hub_id, filename, local_files_only=local_files_only)
-
+        download = partial(huggingface_hub.hf_hub_download, cfg.hf_hub_id, filename)
         # timm's documented file override: its checkpoint filter and strict load, as pretrained=True.
         overlay = {"file": _cached_or_downloaded(name, cfg.hf_hub_id, filename, download)}
         return timm.create_model(weights_id, pretrained=True, pretrained_cfg_overlay=overlay).state_dict()
@@ -136,10 +135,8 @@ def _reference_state_dict(name: str, source: str, weights_id: str) -> dict[str, 
     _require("transformers")  # CvT's reference
     from transformers import CvtForImageClassification
 
-    def from_pretrained(local_files_only: bool) -> nn.Module:
-        return CvtForImageClassification.from_pretrained(weights_id, local_files_only=local_files_only)
-
-    return _cached_or_downloaded(name, weights_id, "config.json", from_pretrained).state_dict()
+    load = partial(CvtForImageClassification.from_pretrained, weights_id)
+    return _cached_or_downloaded(name, weights_id, "config.json", load).state_dict()
 
 
 def load_released(name: str, **overrides: Any) -> nn.Module:
