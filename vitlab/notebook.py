@@ -61,8 +61,8 @@ def is_failed_download(error: BaseException) -> bool:
     errors; transformers raises an OSError *from* the hub's. Never a plain OSError such as
     a missing local file.
     """
-    kinds: list[type[BaseException]] = [ConnectionError, TimeoutError, socket.gaierror, urllib.error.URLError]
-    kinds.append(WeightsUnavailableError)
+    kinds: list[type[BaseException]] = [WeightsUnavailableError, ConnectionError, TimeoutError, socket.gaierror]
+    kinds.append(urllib.error.URLError)  # includes HTTPError
     for module, names in _CLIENT_ERRORS.items():
         if module in sys.modules:
             kinds.extend(getattr(sys.modules[module], name) for name in names)
