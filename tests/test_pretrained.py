@@ -1,11 +1,13 @@
 """``create_model(name, pretrained=True)`` offline: a fabricated Hugging Face cache.
 
-No test downloads anything. Each test builds, in a temporary folder, the cache folder
-that ``huggingface_hub`` would have written after downloading the real repository
-(``models--<org>--<name>/{blobs,refs,snapshots}``, files in ``blobs`` named by their
-hash, ``snapshots/<commit>/<file>`` symlinks to them, ``refs/main`` holding the commit),
-filled with random weights of the right shapes, sets ``HF_HUB_OFFLINE=1`` and checks
-that vitlab and the reference library, reading the same cache, give the same logits.
+No test downloads anything, and no test opens a network connection: every test runs with
+``socket.socket.connect`` and ``socket.getaddrinfo`` replaced by a fake network that is
+down and records each attempt (the ``network`` fixture). Tests build, in a temporary
+folder, the cache folder that ``huggingface_hub`` would have written after downloading the
+real repository (``models--<org>--<name>/{blobs,refs,snapshots}``, files in ``blobs`` named
+by their hash, ``snapshots/<commit>/<file>`` symlinks to them, ``refs/main`` holding the
+commit), filled with perturbed random weights, and check that vitlab reads them from the
+cache without a connection attempt and gives the logits of the model that wrote them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -70,18 +75,44 @@ def add_cvt_repo(hub_cache: Path, repo_id: str, work: Path) -> torch.nn.Module:
     return model
 
 
-def go_offline(monkeypatch: pytest.MonkeyPatch, hf_home: Path) -> Path:
-    """``HF_HUB_OFFLINE=1`` and ``HF_HOME`` = ``hf_home``; huggingface_hub reads both at import,
-    so its constants are patched too. Returns the hub cache folder."""
+def use_cache(monkeypatch: pytest.MonkeyPatch, hf_home: Path, offline: bool = True) -> Path:
+    """``HF_HOME`` = ``hf_home`` and ``HF_HUB_OFFLINE=1`` (or unset). huggingface_hub reads both
+    when it is imported, so its constants are patched too (for this test only). Returns the
+    hub cache folder."""
     hub_cache = hf_home / "hub"
     hub_cache.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HOME", str(hf_home))
     monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HOME", str(hf_home))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache))
     return hub_cache
+
+
+@pytest.fixture(autouse=True)
+def network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """A network that is down: name lookups and connections fail, as on a machine without
+    one, and each attempt is recorded. A test that expects attempts empties the list."""
+    attempts: list[str] = []
+
+    def getaddrinfo(host: object, *args: object, **kwargs: object) -> None:
+        attempts.append(f"getaddrinfo {host}")
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known (the tests' network is down)")
+
+    def connect(self: socket.socket, address: object) -> None:
+        attempts.append(f"connect {address}")
+        raise ConnectionRefusedError("the tests' network is down")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect)
+    yield attempts
+    assert attempts == [], f"the test tried to reach the network: {attempts}"
 
 
 class FabricatedHub:
@@ -110,11 +141,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> FabricatedHub:
 
 
 def test_every_family_with_released_weights_has_a_source() -> None:
-    sources = pretrained.pretrained_sources()
+    sources = {
+        name: pretrained.pretrained_source(name) for name in vitlab.list_models() if pretrained.has_pretrained(name)
+    }
     families = {family_of(name) for name in sources}
     assert families == {"vit", "deit", "cait", "crossvit", "pit", "levit", "cvt"}
     for name, (source, weights_id) in sources.items():
-        assert pretrained.has_pretrained(name)
         if source == "timm":  # timm's default tag of the model of the same name
             assert weights_id.split(".")[0] == name
             assert timm.models.get_pretrained_cfg(name).hf_hub_id == f"timm/{weights_id}"
@@ -167,7 +199,7 @@ def test_the_extra_declares_what_pretrained_imports() -> None:
 def test_a_missing_package_names_the_install_command(
     package: str, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    go_offline(monkeypatch, tmp_path)  # were the check missing, nothing would be downloaded either
+    use_cache(monkeypatch, tmp_path)  # were the check missing, nothing would be downloaded either
     monkeypatch.setitem(sys.modules, package, None)  # `import package` now raises ModuleNotFoundError
     with pytest.raises(ModuleNotFoundError) as error:
         vitlab.create_model(name, pretrained=True)
@@ -193,35 +225,47 @@ def test_preprocessing_and_labels_without_timm_name_the_install_command(monkeypa
 # ---------------------------------------------------------------- offline, nothing cached
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", HF_MODEL])
-def test_offline_without_a_cached_copy_fails_fast_and_says_how(
-    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    hub_cache = go_offline(monkeypatch, tmp_path)
-    if name == HF_MODEL:
-        from transformers import CvtForImageClassification  # noqa: F401 (imported outside the timing)
-    with pytest.raises(pretrained.WeightsUnavailableError) as error:
-        vitlab.create_model(name, pretrained=True)
+def assert_names_the_model_and_says_how(error: pytest.ExceptionInfo, name: str, hub_cache: Path) -> None:
     assert isinstance(error.value, OSError)
     message = str(error.value)
-    for words in (repr(name), "could not download", "internet", "Hugging Face cache", str(hub_cache), "HF_HOME"):
+    for words in (repr(name), "could not download", "internet once", "cached copy", str(hub_cache), "HF_HOME"):
         assert words in message
 
 
-def test_unreachable_hub_without_offline_flag_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No HF_HUB_OFFLINE, no network: no half-minute of retries per file."""
-    hub_cache = go_offline(monkeypatch, tmp_path)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr(pretrained, "_hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(pretrained.WeightsUnavailableError, match="hub cannot be reached"):
-        vitlab.create_model("vit_tiny_patch16_224", pretrained=True)
-    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # restored
-    assert str(hub_cache) in huggingface_hub.constants.HF_HUB_CACHE
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", HF_MODEL])
+def test_offline_without_a_cached_copy_names_the_model(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HF_HUB_OFFLINE=1, empty cache: the named error, and no connection attempt."""
+    hub_cache = use_cache(monkeypatch, tmp_path)
+    with pytest.raises(pretrained.WeightsUnavailableError, match="HF_HUB_OFFLINE is set") as error:
+        vitlab.create_model(name, pretrained=True)
+    assert_names_the_model_and_says_how(error, name, hub_cache)
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", HF_MODEL])
+def test_unreachable_hub_without_offline_flag_asks_once_and_fails_fast(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, network: list[str]
+) -> None:
+    """No HF_HUB_OFFLINE, no network, empty cache: the hub's own client is asked (so proxies
+    and HF_ENDPOINT apply), once, without the half-minute of retries of a download, and the
+    process-wide offline switch is left alone."""
+    hub_cache = use_cache(monkeypatch, tmp_path, offline=False)
+    if name == HF_MODEL:
+        from transformers import CvtForImageClassification  # noqa: F401 (imported outside the timing)
+    start = time.monotonic()
+    with pytest.raises(pretrained.WeightsUnavailableError) as error:
+        vitlab.create_model(name, pretrained=True)
+    assert time.monotonic() - start < 10  # huggingface_hub's download retries take 23 s here
+    assert_names_the_model_and_says_how(error, name, hub_cache)
+    assert "HF_HUB_OFFLINE is set" not in str(error.value)
+    assert network == ["getaddrinfo huggingface.co"], network  # one request, through the hub's client
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False
+    network.clear()
 
 
 def test_unknown_override_fails_before_any_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    go_offline(monkeypatch, tmp_path)
+    use_cache(monkeypatch, tmp_path)
     with pytest.raises(TypeError, match="no field"):
         vitlab.create_model("vit_tiny_patch16_224", pretrained=True, not_a_field=1)
 
@@ -241,25 +285,25 @@ def test_fabricated_cache_has_the_hub_layout(hub: FabricatedHub) -> None:
     assert (fabricated_cache / "hub" / "models--microsoft--cvt-13" / "snapshots" / COMMIT / "config.json").is_file()
 
 
-@pytest.mark.parametrize("name", TIMM_MODELS)
-def test_pretrained_timm_models_match_timm_from_the_same_cache(
+@pytest.mark.parametrize("name", [*TIMM_MODELS, HF_MODEL])
+def test_a_cached_copy_loads_without_network_and_gives_the_reference_logits(
     name: str, hub: FabricatedHub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    go_offline(monkeypatch, hub.add(name))
+    """HF_HUB_OFFLINE unset: the cached copy is read without a connection attempt (the
+    ``network`` fixture checks), and gives the logits of the reference model whose weights
+    were written to the cache."""
+    use_cache(monkeypatch, hub.add(name), offline=False)
     model = vitlab.create_model(name, pretrained=True).eval()
-    reference = timm.create_model(name, pretrained=True).eval()  # timm's own loader, same cache
     size = vitlab.get_config(name).img_size
-    assert_same_logits(model, reference, random_images(1, size), atol=1e-4)
+    assert_same_logits(model, hub.saved[name], random_images(1, size), atol=1e-4)
 
 
-def test_pretrained_cvt_matches_transformers_from_the_same_cache(
-    hub: FabricatedHub, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    transformers = pytest.importorskip("transformers")
-    go_offline(monkeypatch, hub.add(HF_MODEL))
-    model = vitlab.create_model(HF_MODEL, pretrained=True).eval()
-    reference = transformers.CvtForImageClassification.from_pretrained("microsoft/cvt-13").eval()
-    assert_same_logits(model, reference, random_images(1, 224), atol=1e-4)
+def test_timm_reads_the_fabricated_cache_as_vitlab_does(hub: FabricatedHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is the one timm's own ``pretrained=True`` reads (HF_HUB_OFFLINE=1)."""
+    name = "vit_tiny_patch16_224"
+    use_cache(monkeypatch, hub.add(name))
+    reference = timm.create_model(name, pretrained=True).eval()
+    assert_same_logits(vitlab.create_model(name, pretrained=True).eval(), reference, random_images(1, 224))
 
 
 def test_num_classes_override_keeps_the_backbone_and_gives_a_fresh_head(
@@ -267,7 +311,7 @@ def test_num_classes_override_keeps_the_backbone_and_gives_a_fresh_head(
 ) -> None:
     """A distilled model has two heads (``head``, ``head_dist``): both are replaced."""
     name = "deit_tiny_distilled_patch16_224"
-    go_offline(monkeypatch, hub.add(name))
+    use_cache(monkeypatch, hub.add(name))
     released = vitlab.convert_state_dict(name, hub.saved[name].state_dict(), "timm")
     tuned = vitlab.create_model(name, pretrained=True, num_classes=10, drop_path_rate=0.1).state_dict()
     heads = {key for key in released if released[key].shape != tuned[key].shape}
