@@ -90,8 +90,16 @@ def source(cell: dict[str, Any]) -> str:
 
 
 def parse(code: str) -> ast.Module:
-    """Parse a code cell; IPython magics (``%`` and ``!`` lines) become ``pass``."""
-    return ast.parse(_MAGIC.sub(r"\1pass", code))
+    """``ast.parse`` of a cell, IPython magics and shell lines read as ``pass``.
+
+    Raises:
+        SyntaxError: not Python; also code too deeply nested for the parser (its
+            ``MemoryError`` or ``RecursionError``), with ``msg`` starting ``too complex to parse``.
+    """
+    try:
+        return ast.parse(_MAGIC.sub(r"\1pass", code))
+    except (MemoryError, RecursionError) as exc:
+        raise SyntaxError(f"too complex to parse ({type(exc).__name__})") from None
 
 
 def check_call(tree: ast.Module) -> tuple[str, str | None] | None:

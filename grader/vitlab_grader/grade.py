@@ -69,7 +69,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vitlab_grader.exercises import DEFAULT_POINTS, source
+from vitlab_grader.exercises import DEFAULT_POINTS, parse, source
 from vitlab_grader.release import (
     Release,
     ReleaseCheck,
@@ -673,6 +673,13 @@ def _run_in(
         if c.get("cell_type") == "code" and i not in {check.cell for check in release.checks}
     ]  # fmt: skip
     baseline = vitlab_names(release_code)
+    for text in code:  # what the scan cannot parse: reported, the rest is scanned
+        try:
+            parse(text)
+        except SyntaxError as exc:
+            if str(exc.msg).startswith("too complex to parse"):
+                note = f"the static scan could not read a cell: {exc.msg}"
+                result.anomalies += [] if note in result.anomalies else [note]
     used = _scan(result, code, lambda: copied_references(code, baseline), [])
     result.anomalies += [f"uses {name} (from vitlab.checks)" for name in used]
     result.anomalies += [f"the code {what}" for what in _scan(result, code, lambda: suspicious(code, release_code), [])]
@@ -946,8 +953,9 @@ def write_gradebook(results: list[NotebookResult], path: str | Path, id_column: 
         writer.writerow([id_column, *columns, "total", "anomalies"])
         for student, scores in rows:
             cells = [_number(scores[c]) if c in scores else "" for c in columns]
-            total = sum(v for v in scores.values() if v is not None)  # an ungraded exercise (None) adds nothing
-            writer.writerow([student, *cells, _number(total), " | ".join(notes[student])])
+            graded = [v for v in scores.values() if v is not None]
+            total = _number(sum(graded)) if graded else ""  # nothing graded: empty, never 0
+            writer.writerow([student, *cells, total, " | ".join(notes[student])])
 
 
 def write_json(results: list[NotebookResult], path: str | Path, timeout: float, **settings: Any) -> None:
