@@ -42,7 +42,10 @@ from vitlab_grader.harness import answer_cases
 answer_cases('.vitlab-grader/1-cases.pt', '.vitlab-grader/1-answers.pt', lambda: _reference)"""
 META = "def attention(q, k, v, mask=None):\n    return torch.empty(v.shape, device='meta')"
 FAKE_TIMEOUT = "class CellTimeoutError(Exception):\n    pass\n\nraise CellTimeoutError('not a timeout')"
-PRINTS = "for _ in range(24):\n    print('x' * 2**20)\nprint('y' * 48 * 2**20)  # one message over the limit"
+PRINTS = (
+    "import sys\n\nfor _ in range(24):\n    print('x' * 2**20, flush=True)  # one message each\n"
+    "print('y' * 48 * 2**20)  # one message over the grader's message limit: dropped"
+)
 
 
 def insert_before_first_check(source: str) -> Any:
