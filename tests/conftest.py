@@ -42,6 +42,8 @@ XDIST_GROUPS = {
     "test_assignments.py": "kernels",
     "test_grading_attacks.py": "kernels",
     "test_isolation.py": "kernels",
+    "test_grade_robustness.py": "kernels",
+    "test_gradescope.py": "kernels",
 }
 
 

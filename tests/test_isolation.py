@@ -282,3 +282,40 @@ def test_end_processes_rejects_other_managers() -> None:
 def test_folder_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="existing absolute folder"):
         isolated_kernel_manager(tmp_path / "missing", {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandbox", [True, False], ids=["sandbox", "no-sandbox"])
+def test_the_kernel_runs_under_its_memory_process_and_priority_limits(sandbox: bool) -> None:
+    """RLIMIT_DATA and nice always; RLIMIT_NPROC only in a sandbox (its own user counts the processes)."""
+    import asyncio
+
+    from vitlab_grader.isolation import Limits
+
+    limits = Limits(memory=3 * 2**30, processes=200, nice=7)
+
+    async def run(km: AsyncKernelManager, code: str) -> dict:
+        await km.start_kernel()
+        client = km.client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)
+        reply = await client.execute_interactive(code, timeout=30)
+        client.stop_channels()
+        await km.shutdown_kernel(now=True)
+        return reply["content"]
+
+    with submission_folder({}) as folder:
+        km, how = isolated_kernel_manager(folder, scrubbed_env(), sandbox=sandbox, limits=limits)
+        processes = 200 if how.sandbox != "none" else -1  # RLIM_INFINITY reads as -1
+        code = (
+            "import os, resource\n"
+            f"assert resource.getrlimit(resource.RLIMIT_DATA) == ({3 * 2**30}, {3 * 2**30})\n"
+            f"assert {processes} == -1 or resource.getrlimit(resource.RLIMIT_NPROC)[0] == {processes}\n"
+            "assert os.nice(0) >= 7, os.nice(0)\n"
+            "try:\n    bytearray(4 * 2**30)\nexcept MemoryError:\n    pass\nelse:\n    raise AssertionError('no limit')"
+        )
+        try:
+            content = asyncio.run(run(km, code))
+        finally:
+            end_processes(km)
+        assert content["status"] == "ok", content

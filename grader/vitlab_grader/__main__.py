@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from vitlab_grader.exercises import (
     AssignmentError,
     find_notebooks,
     inspect_notebook,
 )
-from vitlab_grader.grade import grade
-from vitlab_grader.ids import SOURCES, StudentIdError
+from vitlab_grader.grade import NotebookResult, grade, read_results
+from vitlab_grader.ids import SOURCES, StudentIdError, common_root
+from vitlab_grader.isolation import DEFAULT_LIMITS, Limits
 from vitlab_grader.report import (
     CSV_COLUMNS,
     summary,
@@ -30,6 +33,7 @@ EXAMPLES = """examples:
   python -m vitlab_grader grade submissions/*.ipynb --release student/ --out results.csv --json results.json
   python -m vitlab_grader grade submissions/ --release student/ --out results.csv --gradebook gradebook.csv \
       --feedback feedback/ --cell-timeout 60 --timeout 300
+  python -m vitlab_grader grade submissions/ --release student/ --out results.csv --json results.json --resume
 
 More in the book's page "For instructors" (book/instructors.md)."""
 
@@ -78,6 +82,14 @@ def student(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replace(path: str | Path, write: Any) -> None:
+    """``write(temporary path)``, then it takes ``path``'s place at once: a killed run keeps the last one written."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.partial")
+    write(temporary)
+    os.replace(temporary, target)
+
+
 def grade_command(args: argparse.Namespace) -> int:
     import re
 
@@ -89,24 +101,53 @@ def grade_command(args: argparse.Namespace) -> int:
     if args.cell_timeout is not None and args.cell_timeout <= 0:
         raise AssignmentError("--cell-timeout must be > 0 seconds")
     _check_lms(args)
+    if (args.resume or args.only_failed) and not args.json:
+        raise AssignmentError("--resume and --only-failed read the results of the run in --json: give --json")
     paths = [path for path, _ in find_notebooks(args.submissions)]
     for output in (args.out, args.json, args.gradebook):  # the folders, before hours of grading
         if output:
             Path(output).parent.mkdir(parents=True, exist_ok=True)
     settings = {"cell_timeout": args.cell_timeout, "all_or_nothing": args.all_or_nothing}
     ids = {"id_source": args.id_source, "id_pattern": args.id_pattern, "sandbox": not args.no_sandbox}
-    results = []
+    limits = Limits(
+        memory=int(args.memory_limit * 2**20) if args.memory_limit else None,
+        processes=args.process_limit or None,
+        nice=args.nice,
+    )
+    kept: dict[str, NotebookResult] = {}
+    if args.resume or args.only_failed:
+        if Path(args.json).is_file():
+            kept = {r.notebook: r for r in read_results(args.json)}
+        if args.only_failed:  # a result that is not fully graded (ERROR) is graded again
+            kept = {name: r for name, r in kept.items() if r.graded}
+    given = {str(p) for p in paths}
+    results = [kept[str(p)] for p in paths if str(p) in kept]
+    todo = [p for p in paths if str(p) not in kept]
+    if kept:
+        print(f"{_plural(len(results), 'notebook')} kept from {args.json}; {len(todo)} to grade", flush=True)
+    record = {"release": [str(r) for r in args.release], **settings, **ids}
+
+    def save() -> None:  # after each notebook: a killed run keeps what it graded
+        _replace(args.out, lambda p: write_csv(results, p))
+        if args.json:
+            _replace(args.json, lambda p: write_json(results, p, args.timeout, **record))
+
     try:
-        for result in grade(paths, args.release, timeout=args.timeout, jobs=args.jobs, **settings, **ids):
+        root = common_root(paths) if paths else None
+        for result in grade(todo, args.release, timeout=args.timeout, jobs=args.jobs, root=root, limits=limits,
+                            **settings, **ids):  # fmt: skip
             print(summary(result), flush=True)
             results.append(result)
+            save()
     except (StudentIdError, ValueError) as exc:
         raise AssignmentError(f"student ids: {exc}") from exc
+    order = {str(p): i for i, p in enumerate(paths)}
+    results.sort(key=lambda r: order.get(r.notebook, len(order)))
+    results = [r for r in results if r.notebook in given]
     # every kernel is gone by now: only the grader writes the results
-    write_csv(results, args.out)
+    save()
     written = [args.out]
     if args.json:
-        write_json(results, args.json, args.timeout, release=[str(r) for r in args.release], **settings, **ids)
         written.append(args.json)
     if args.gradebook:
         _write_gradebook(args, results)
@@ -117,9 +158,11 @@ def grade_command(args: argparse.Namespace) -> int:
     passed, total = sum(r.passed for r in results), sum(r.total for r in results)
     score, best = sum(r.score for r in results), sum(r.max_score for r in results)
     noted = sum(bool(r.anomalies or r.flags) for r in results)
+    failed = sum(not r.graded for r in results)
     print(
         f"{_plural(len(results), 'notebook')} graded: {passed}/{total} exercises passed, "
         f"{score:g}/{best:g} points; {_plural(noted, 'notebook')} with anomalies or flags; "
+        f"{_plural(failed, 'notebook')} not fully graded (ERROR: no score; --only-failed grades them again); "
         f"written: {', '.join(map(str, written))}"
     )
     sandboxes = sorted({r.sandbox for r in results if r.sandbox})
@@ -248,6 +291,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-sandbox",
         action="store_true",
         help="run kernels without the OS sandbox (folder, environment and processes are still isolated)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run whose results are in --json: notebooks already there are kept, the rest graded",
+    )
+    p.add_argument(
+        "--only-failed",
+        action="store_true",
+        help="with the results in --json: grade again only the notebooks not fully graded (ERROR), keep the rest",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=float,
+        default=DEFAULT_LIMITS.memory / 2**20 if DEFAULT_LIMITS.memory else 0,
+        metavar="MIB",
+        help="memory each kernel may allocate, MiB (RLIMIT_DATA; 0: none; default %(default)g)",
+    )
+    p.add_argument(
+        "--process-limit",
+        type=int,
+        default=DEFAULT_LIMITS.processes or 0,
+        metavar="N",
+        help="processes and threads of each kernel's sandbox (RLIMIT_NPROC; 0: none; default %(default)s)",
+    )
+    p.add_argument(
+        "--nice", type=int, default=DEFAULT_LIMITS.nice, help="the kernels' lower CPU priority (default %(default)s)"
     )
     p.add_argument("--feedback", metavar="DIR", help="also write one feedback file per submission into DIR")
     p.add_argument(

@@ -19,6 +19,7 @@ Notebooks are read as plain ``dict`` s (what :func:`json.load` or ``nbformat`` g
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -89,8 +90,16 @@ def source(cell: dict[str, Any]) -> str:
 
 
 def parse(code: str) -> ast.Module:
-    """Parse a code cell; IPython magics (``%`` and ``!`` lines) become ``pass``."""
-    return ast.parse(_MAGIC.sub(r"\1pass", code))
+    """``ast.parse`` of a cell, IPython magics and shell lines read as ``pass``.
+
+    Raises:
+        SyntaxError: not Python; also code too deeply nested for the parser (its
+            ``MemoryError`` or ``RecursionError``), with ``msg`` starting ``too complex to parse``.
+    """
+    try:
+        return ast.parse(_MAGIC.sub(r"\1pass", code))
+    except (MemoryError, RecursionError) as exc:
+        raise SyntaxError(f"too complex to parse ({type(exc).__name__})") from None
 
 
 def check_call(tree: ast.Module) -> tuple[str, str | None] | None:
@@ -346,11 +355,12 @@ def _check_student_copy_runs(cells: list[dict[str, Any]], trees: dict[int, ast.M
 def find_notebooks(sources: Iterable[str | Path]) -> Iterator[tuple[Path, Path]]:
     """``(notebook, path relative to what was given)`` for every notebook in files and folders."""
     for given in map(Path, sources):
-        if given.is_dir():
-            for path in sorted(given.rglob("*.ipynb")):
+        if given.is_dir() and not (given.suffix == ".ipynb" and given.is_symlink()):
+            for path in sorted(given.rglob("*.ipynb")):  # links to folders are not followed
                 if ".ipynb_checkpoints" not in path.parts:
                     yield path, path.relative_to(given)
-        elif given.suffix == ".ipynb" and given.is_file():
+        elif given.suffix == ".ipynb" and os.path.lexists(given):
+            # a link or special file is the grader's to refuse (grade.read_submission), for that file only
             yield given, Path(given.name)
         else:
             raise AssignmentError(f"{given}: not a notebook (.ipynb) or a folder")

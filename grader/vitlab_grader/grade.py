@@ -28,28 +28,46 @@ cell. Cells that raise do not stop it, so later checks still run. A cell past th
 limit is interrupted; if the kernel does not answer within a few seconds it is restarted
 and every earlier cell that ran (the checks and the timed-out cell excepted) runs again.
 
-Status of an exercise: ``PASS``, ``FAIL``, ``TODO`` (the check's verdict), ``ERROR`` (the
-grader's cell could not run the function: the kernel died, the answers were unreadable)
-or ``TIMEOUT``. Score: ``points * fraction`` (the share of the check's cases that passed;
-0 for ``ERROR`` and ``TIMEOUT``), or with ``all_or_nothing`` the points for a ``PASS`` only.
+Status of an exercise: ``PASS``, ``FAIL``, ``TODO`` (the check's verdict), ``ERROR`` (not
+graded: the kernel died, the answers were unreadable, the grader failed) or ``TIMEOUT``.
+Score: ``points * fraction`` (the share of the check's cases that passed; 0 for
+``TIMEOUT``), or with ``all_or_nothing`` the points for a ``PASS`` only. An ``ERROR`` has
+no score (``None``, never 0): the gradebook leaves it empty and ``--only-failed``
+grades it again.
+
+What the grader reads is bounded (the trust boundary): a submission is read only if it is
+a regular file inside the submissions' folder (never through a symbolic link), at most
+:data:`SUBMISSION_LIMIT` bytes, and it must parse as a notebook (what nbformat's schema
+does not allow is reported, and fields of the wrong type are dropped). Of the kernel's
+outputs only errors are kept (their text cut); an answers file is read right after its
+check cell ran (a later rewrite is reported, never used), only if it is a regular file
+within :data:`ANSWERS_LIMIT` bytes, stored uncompressed. Each submission is parsed,
+scanned and graded inside its own error boundary. With ``jobs > 1`` a notebook that timed
+out is graded again alone, and only that result counts.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import logging
 import math
+import os
 import re
+import shutil
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vitlab_grader.exercises import DEFAULT_POINTS, source
+from vitlab_grader.exercises import DEFAULT_POINTS, parse, source
 from vitlab_grader.release import (
     Release,
     ReleaseCheck,
@@ -64,10 +82,15 @@ from vitlab_grader.release import (
 
 STATUSES = ("PASS", "FAIL", "TODO", "ERROR", "TIMEOUT")
 ANSWERS_LIMIT = 64 * 2**20  # bytes: the largest answers file the grader reads back from a kernel
+SUBMISSION_LIMIT = 32 * 2**20  # bytes: the largest submission the grader reads
+OUTPUT_LIMIT = 16 * 2**20  # bytes of outputs (prints, displays) past which a notebook's report says so
+SCAN_LIMIT = 2**20  # characters of student code the static scan reads
+ERROR_TEXT_LIMIT = 2000  # characters kept of an error's message
+MAX_RESTARTS = 8  # kernel restarts (deaths, stubborn cells) before a notebook's run stops
 _WORK = ".vitlab-grader"  # the folder, inside the submission's, for the cases and answers files
 _DATA_STATUS = {"passed": "PASS", "failed": "FAIL", "not implemented": "TODO"}
 _PROBE_SECONDS = 10  # how long an interrupted kernel may take to answer again
-_TIMEOUT_ENAME = "CellTimeoutError"  # the error nbclient's reply carries for a cell past its limit
+_TIMEOUT_ENAME = "CellTimeoutError"  # the reply nbclient makes up for a cell past its limit (never read back)
 _QUIET = logging.getLogger("vitlab_grader.grade.nbclient")  # nbclient's timeout messages: not the table's
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
@@ -83,8 +106,8 @@ class ExerciseResult:
     status: str  # one of STATUSES
     message: str  # the check's line, or why there is none
     points: float = DEFAULT_POINTS  # what the exercise is worth (the release's)
-    fraction: float = 0.0  # share of the check's cases that passed
-    score: float = 0.0  # points * fraction, or all or nothing
+    fraction: float | None = 0.0  # share of the check's cases that passed; None: not graded (ERROR)
+    score: float | None = 0.0  # points * fraction, or all or nothing; None: not graded (ERROR), never 0
     student: str = ""  # the student id
     flags: str = ""  # copied references: the vitlab objects the answer uses or is ("" when none)
 
@@ -117,7 +140,25 @@ class NotebookResult:
 
     @property
     def score(self) -> float:
-        return round(sum(r.score for r in self.exercises), 4)
+        """The points of the graded exercises (an ungraded one adds nothing: see :attr:`graded`)."""
+        return round(sum(r.score for r in self.exercises if r.score is not None), 4)
+
+    @property
+    def graded(self) -> bool:
+        """Whether every exercise has a score: ``False`` for a notebook or exercise in ``ERROR``."""
+        if not self.exercises:
+            return not self.error
+        return all(r.score is not None for r in self.exercises)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NotebookResult:
+        """A result as :func:`write_json` wrote it (for ``--resume``)."""
+        names = {f.name for f in fields(cls)} - {"exercises"}
+        result = cls(**{k: v for k, v in data.items() if k in names})
+        exercise_names = {f.name for f in fields(ExerciseResult)}
+        rows = [ExerciseResult(**{k: v for k, v in row.items() if k in exercise_names}) for row in data["exercises"]]
+        result.exercises = [row for row in rows if row.exercise]  # the row saying why there are none is rows()'
+        return result
 
     @property
     def max_score(self) -> float:
@@ -132,9 +173,10 @@ class NotebookResult:
         """The CSV rows: one per exercise, or one row saying why there are none."""
         if self.exercises:
             return self.exercises
-        message = self.error or "the release notebook has no check cells"
-        status = "ERROR" if self.error else "TODO"
-        return [ExerciseResult(self.notebook, "", "", status, message, 0.0, 0.0, 0.0, self.student)]
+        if self.error:
+            return [ExerciseResult(self.notebook, "", "", "ERROR", self.error, 0.0, None, None, self.student)]
+        message = "the release notebook has no check cells"
+        return [ExerciseResult(self.notebook, "", "", "TODO", message, 0.0, 0.0, 0.0, self.student)]
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -156,12 +198,57 @@ def _error(cell: Any) -> str | None:
 
 @dataclass
 class _Run:
-    """What :func:`_execute` saw: cells that finished, cells past their limit, why it stopped."""
+    """What :func:`_execute` saw: cells that finished, past their limit or where the kernel died; why it stopped."""
 
     finished: set[int] = field(default_factory=set)
     timed_out: dict[int, str] = field(default_factory=dict)
+    died: dict[int, str] = field(default_factory=dict)
     stopped: tuple[str, str] | None = None
     restarts: int = 0
+    output_bytes: int = 0  # outputs the kernel sent that the grader did not keep
+
+
+def _output_size(content: dict[str, Any]) -> int:
+    text = content.get("text")
+    if isinstance(text, str):
+        return len(text)
+    data = content.get("data")
+    return sum(len(v) for v in data.values() if isinstance(v, str)) if isinstance(data, dict) else 0
+
+
+@functools.cache
+def _client_class() -> type:
+    """nbclient's ``NotebookClient``, keeping only error outputs (cut) and recording timeouts by itself.
+
+    A cell is past its limit when nbclient's own timeout handler runs for it (no reply in
+    time), never because of an error's name: a student's exception named like nbclient's
+    is an error like any other.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    class Client(NotebookClient):  # type: ignore[misc]
+        index = -1  # the cell being run
+        timed_out: list[int]
+        output_bytes = 0
+
+        def output(self, outs: list[Any], msg: dict[str, Any], display_id: str | None, cell_index: int) -> Any:
+            content = msg.get("content") or {}
+            if msg.get("msg_type") != "error":  # prints, displays, results: never read by the grader
+                self.output_bytes += _output_size(content)
+                return None
+            ename, evalue = str(content.get("ename", "Error"))[:200], str(content.get("evalue", ""))
+            if len(evalue) > ERROR_TEXT_LIMIT:
+                evalue = evalue[:ERROR_TEXT_LIMIT] + f"... ({len(evalue)} characters, cut)"
+            out = nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[])
+            outs.append(out)
+            return out
+
+        async def _async_handle_timeout(self, timeout: int, cell: Any = None) -> Any:
+            self.timed_out.append(self.index)
+            return await super()._async_handle_timeout(timeout, cell)
+
+    return Client
 
 
 def _kernel_answers(client: Any, seconds: float) -> bool:
@@ -186,13 +273,13 @@ def _kernel_answers(client: Any, seconds: float) -> bool:
     return False
 
 
-def _restart_and_replay(
-    client: Any, notebook: Any, run: _Run, skip: set[int], deadline: float, timed_out: list[int]
-) -> bool:
+def _restart_and_replay(client: Any, notebook: Any, run: _Run, skip: set[int], deadline: float) -> bool:
     """Restart the kernel and run again, silently, every finished cell not in ``skip``; whether it worked."""
     from nbclient.exceptions import DeadKernelError
     from nbclient.util import run_sync
 
+    if run.restarts >= MAX_RESTARTS:
+        return False
     run_sync(client.km.restart_kernel)(now=True)
     run_sync(client.kc.wait_for_ready)(timeout=60)
     run.restarts += 1
@@ -201,37 +288,42 @@ def _restart_and_replay(
         if left <= 0:
             return False
         client.timeout = max(1, math.ceil(left))
-        timed_out.clear()
+        client.timed_out.clear()
+        client.index = index
         try:  # a copy: the cell keeps the outputs of its first run
             client.execute_cell(copy.deepcopy(notebook.cells[index]), index, store_history=False)
         except DeadKernelError:
             return False
-        if timed_out:
+        if client.timed_out:
             return False
     return True
 
 
-def _execute(notebook: Any, km: Any, timeout: float, cell_timeout: float | None, skip: set[int], describe: Any) -> _Run:
+def _execute(
+    notebook: Any,
+    km: Any,
+    timeout: float,
+    cell_timeout: float | None,
+    skip: set[int],
+    describe: Any,
+    after: Any = None,
+) -> _Run:
     """Run the code cells in order in ``km``'s kernel under the notebook's and each cell's time limits.
 
     ``skip``: the grader's cells, which a restart does not run again; ``describe(index)``
-    names a cell in messages. The kernel is shut down on return.
+    names a cell in messages; ``after(index)`` is called right after each cell of ``skip``
+    ran, before any other cell. A cell past its limit is interrupted; a kernel that does not
+    answer then, or that died, is restarted and the finished cells run again (at most
+    :data:`MAX_RESTARTS` times). The kernel is shut down on return.
     """
-    from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
-    timed_out: list[int] = []
-
-    def on_executed(cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
-        if execute_reply.get("content", {}).get("ename") == _TIMEOUT_ENAME:
-            timed_out.append(cell_index)
-
-    client = NotebookClient(
+    client = _client_class()(
         notebook, km=km, kernel_name="python3", allow_errors=True, shutdown_kernel="immediate",
         interrupt_on_timeout=True,  # interrupt the cell, as the stop button does, and go on
-        error_on_timeout={"ename": _TIMEOUT_ENAME, "evalue": "", "traceback": []},
-        on_cell_executed=on_executed, log=_QUIET,
+        error_on_timeout={"ename": _TIMEOUT_ENAME, "evalue": "", "traceback": []}, log=_QUIET,
     )  # fmt: skip
+    client.timed_out = []
     run = _Run()
     client.reset_execution_trackers()
     try:
@@ -249,31 +341,40 @@ def _execute(notebook: Any, km: Any, timeout: float, cell_timeout: float | None,
                     return run
                 limit = cell_timeout if cell_timeout is not None and cell_timeout < left else None
                 client.timeout = max(1, math.ceil(limit if limit is not None else left))
-                timed_out.clear()
+                client.timed_out.clear()
+                client.index = index
                 try:
                     client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
                 except DeadKernelError:
-                    run.stopped = ("ERROR", f"the kernel died in {describe(index)}")
-                    return run
-                if index not in timed_out:
-                    run.finished.add(index)
-                    continue
-                if limit is None:
-                    run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit in {describe(index)}")
-                    return run
-                run.timed_out[index] = f"ran past the {limit:g} s cell limit in {describe(index)}"
-                probe = min(_PROBE_SECONDS, deadline - time.monotonic())
-                if probe > 0 and _kernel_answers(client, probe):
-                    continue
-                if not _restart_and_replay(client, notebook, run, skip | set(run.timed_out), deadline, timed_out):
+                    run.died[index] = f"the kernel died in {describe(index)}"
+                else:
+                    if index in skip and after is not None:
+                        after(index)
+                    if index not in client.timed_out:
+                        run.finished.add(index)
+                        continue
+                    if limit is None:
+                        run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit in {describe(index)}")
+                        return run
+                    run.timed_out[index] = f"ran past the {limit:g} s cell limit in {describe(index)}"
+                    probe = min(_PROBE_SECONDS, deadline - time.monotonic())
+                    if probe > 0 and _kernel_answers(client, probe):
+                        continue
+                # the kernel died, or does not answer: a new one, and the finished cells again
+                if not _restart_and_replay(client, notebook, run, skip | set(run.timed_out) | set(run.died), deadline):
                     if time.monotonic() >= deadline:
                         run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit after {describe(index)}")
+                    elif index in run.died and run.restarts >= MAX_RESTARTS:
+                        run.stopped = ("ERROR", f"the kernel died in {describe(index)}, "
+                                                f"after {run.restarts} restarts")  # fmt: skip
                     else:
                         run.stopped = ("ERROR", f"the kernel was restarted after {describe(index)}, "
                                                 "and an earlier cell did not run again")  # fmt: skip
                     return run
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot start must not stop the other notebooks
         run.stopped = ("ERROR", f"could not run the notebook: {type(exc).__name__}: {_first_line(str(exc))}")
+    finally:
+        run.output_bytes = client.output_bytes
     return run
 
 
@@ -305,45 +406,200 @@ class _Settings:
     cell_timeout: float | None
     all_or_nothing: bool
     sandbox: bool
+    limits: Any = None  # vitlab_grader.isolation.Limits; None: its defaults
+    run_dir: Path | None = None  # the run's own temporary folder
 
 
-def _score(status: str, worth: float, fraction: float, all_or_nothing: bool) -> float:
+def _score(status: str, worth: float, fraction: float | None, all_or_nothing: bool) -> float | None:
+    """An exercise's score; ``None`` for an ``ERROR`` (not graded, never a 0)."""
+    if status == "ERROR" or fraction is None:
+        return None
     if all_or_nothing:
         return worth if status == "PASS" else 0.0
     return round(worth * (fraction if status in ("PASS", "FAIL", "TODO") else 0.0), 4)
 
 
-def _read_answers(path: Path, cases: int) -> Any:
-    """The student's answers a grader's cell saved, or why they cannot be read (a string)."""
+class _Refused(Exception):
+    """A file the grader does not read; the message names no host path and no content."""
+
+
+def _read_regular(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes, never through a symbolic link.
+
+    The last part of the path is opened with ``O_NOFOLLOW`` and checked with ``fstat`` on the
+    open file (no race between the check and the read); a FIFO or device never blocks.
+
+    Raises:
+        _Refused: a symbolic link, not a regular file, too large, or unreadable.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # ELOOP for a link, whatever it points to (or not): one message for all
+        raise _Refused(f"{what} is a symbolic link, not a regular file, or cannot be read: not read") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Refused(f"{what} is a symbolic link, not a regular file, or cannot be read: not read")
+        if info.st_size > limit:
+            raise _Refused(f"{what} takes {info.st_size} bytes, more than the {limit} the grader reads")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(2**20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise _Refused(f"{what} takes more than the {limit} bytes the grader reads")
+        return b"".join(chunks)
+    except OSError:
+        raise _Refused(f"{what} is a symbolic link, not a regular file, or cannot be read: not read") from None
+    finally:
+        os.close(fd)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """Whether ``path``'s folder is ``root`` or below it, no folder of the way being a symbolic link."""
+    folder = Path(os.path.abspath(path)).parent
+    base = Path(os.path.abspath(root))
+    try:
+        relative = folder.relative_to(base)
+    except ValueError:
+        return False
+    return Path(os.path.realpath(folder)) == Path(os.path.realpath(base)) / relative
+
+
+def read_submission(path: Path, root: Path) -> bytes:
+    """A submission's bytes: a regular file inside ``root``, read with :data:`SUBMISSION_LIMIT`.
+
+    Raises:
+        _Refused: why it was not read (the same words for a link to an existing or a missing file).
+    """
+    if not _inside(path, root):
+        raise _Refused("the submission is not inside the submissions' folder (a symbolic link on the way?): not read")
+    return _read_regular(path, SUBMISSION_LIMIT, "the submission")
+
+
+def parse_notebook(data: bytes) -> tuple[Any, list[str]]:
+    """``(notebook, anomalies)``: the submission as an nbformat 4 notebook, outputs dropped, fields checked.
+
+    What nbformat's schema does not allow is reported; a field of the wrong type that the
+    grader reads (metadata that is not a dict, a source that is not text) is dropped and
+    reported. Messages never quote the file.
+
+    Raises:
+        _Refused: not UTF-8 JSON, or not a notebook.
+    """
+    import nbformat
+
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _Refused(f"cannot read the notebook: not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _Refused(f"cannot read the notebook: not JSON (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise _Refused("cannot read the notebook: its JSON is nested too deeply") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list):
+        raise _Refused("cannot read the notebook: not a notebook (no list of cells)")
+    anomalies = []
+    if not isinstance(raw.get("metadata"), dict):
+        anomalies.append("the notebook's metadata is not a dict; not read")
+        raw["metadata"] = {}
+    cells = []
+    for cell in raw["cells"]:
+        if not isinstance(cell, dict):
+            continue
+        text = cell.get("source", "")
+        if isinstance(text, list) and all(isinstance(line, str) for line in text):
+            text = "".join(text)
+        if not isinstance(text, str):
+            anomalies.append("a cell's source is not text; read as empty")
+            text = ""
+        metadata = cell.get("metadata", {})
+        if not isinstance(metadata, dict):
+            anomalies.append("a cell's metadata is not a dict; not read")
+            metadata = {}
+        kind = cell.get("cell_type") if cell.get("cell_type") in ("code", "markdown", "raw") else "raw"
+        fixed: dict[str, Any] = {"cell_type": kind, "source": text, "metadata": metadata}
+        if isinstance(cell.get("id"), str):
+            fixed["id"] = cell["id"]
+        if kind == "code":
+            fixed |= {"outputs": [], "execution_count": None}
+        cells.append(fixed)
+    if len(cells) != len(raw["cells"]):
+        anomalies.append("the notebook has cells that are not JSON objects; left out")
+    checked = {"nbformat": 4, "nbformat_minor": 5, "metadata": raw["metadata"], "cells": cells}
+    try:
+        nbformat.validate(raw, relax_add_props=True)
+    except Exception as exc:  # noqa: BLE001 - jsonschema's ValidationError, or a version nbformat does not know
+        message = getattr(exc, "message", "") or type(exc).__name__
+        anomalies.append(f"the notebook does not follow nbformat's schema ({_first_line(str(message), 120)})")
+    try:
+        notebook = nbformat.from_dict(checked)
+        notebook.metadata = nbformat.from_dict(raw["metadata"])
+    except Exception as exc:  # noqa: BLE001
+        raise _Refused(f"cannot read the notebook: {type(exc).__name__}") from None
+    return notebook, list(dict.fromkeys(anomalies))
+
+
+def _load_answers(data: bytes, cases: int) -> Any:
+    """The student's answers in an answers file's bytes, or why they cannot be read (a string).
+
+    The file must be a zip archive (``torch.save``'s format) whose members are stored, not
+    compressed, so what ``torch.load`` makes of it is no larger than the file.
+    """
+    import io
+    import zipfile
+
     import torch
 
     from vitlab_grader.harness import decode
 
-    if not path.is_file():
-        return "the grader's cell saved no answers"
-    size = path.stat().st_size
-    if size > ANSWERS_LIMIT:
-        return f"the answers take {size} bytes, more than the {ANSWERS_LIMIT} the grader reads"
     try:
-        return decode(torch.load(path, weights_only=True, map_location="cpu"), cases)
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return "the answers cannot be read: not a file torch.save writes"
+    if any(m.compress_type != zipfile.ZIP_STORED for m in members) or sum(m.file_size for m in members) > ANSWERS_LIMIT:
+        return f"the answers cannot be read: compressed, or more than the {ANSWERS_LIMIT} bytes the grader reads"
+    try:
+        return decode(torch.load(io.BytesIO(data), weights_only=True, map_location="cpu"), cases)
     except Exception as exc:  # noqa: BLE001 - a file the student's code may have written: anything
         return f"the answers cannot be read: {type(exc).__name__}: {_first_line(str(exc))}"
 
 
-def _verdict(spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any) -> tuple[str, str, float, str]:
+def _read_answers(path: Path, cases: int) -> Any:
+    """The student's answers a grader's cell saved, or why they cannot be read (a string)."""
+    if not os.path.lexists(path):
+        return "the grader's cell saved no answers"
+    try:
+        data = _read_regular(path, ANSWERS_LIMIT, "the answers file")
+    except _Refused as exc:
+        return str(exc)
+    return _load_answers(data, cases)
+
+
+def _verdict(
+    spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any
+) -> tuple[str, str, float | None, str]:
     """``(status, message, fraction, function)`` of one exercise after the run."""
     from vitlab.checks._core import evaluate
 
     if index in run.timed_out:
         return "TIMEOUT", run.timed_out[index], 0.0, ""
+    if index in run.died:
+        return "ERROR", run.died[index], None, ""
     if index not in run.finished:
         assert run.stopped is not None, "every code cell runs unless the run stopped"
         status, why = run.stopped
-        return status, why if why.endswith(describe(index)) else f"not run: {why}", 0.0, ""
+        fraction = None if status == "ERROR" else 0.0
+        return status, why if why.endswith(describe(index)) else f"not run: {why}", fraction, ""
     if isinstance(answers, str):
         raised = _error(cell)
-        return "ERROR", answers + (f" (the grader's cell raised {raised})" if raised else ""), 0.0, ""
-    result = evaluate(spec, answers)
+        return "ERROR", answers + (f" (the grader's cell raised {raised})" if raised else ""), None, ""
+    try:
+        result = evaluate(spec, answers)
+    except Exception as exc:  # noqa: BLE001 - answers the comparison cannot take cost this exercise only
+        return "ERROR", f"the answers cannot be compared: {type(exc).__name__}: {_first_line(str(exc))}", None, ""
     return _DATA_STATUS[result.status], result.message, result.fraction, answers.function
 
 
@@ -357,30 +613,40 @@ def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, 
 
 
 def _grade_submission(
-    path: Path, data: bytes, student: str, releases: list[Release], settings: _Settings
+    path: Path, notebook: Any, anomalies: list[str], student: str, releases: list[Release], settings: _Settings
 ) -> NotebookResult:
-    """Grade one submission (its bytes, read before any kernel started) against its release notebook."""
+    """Grade one submission (parsed before any kernel started) against its release notebook."""
     import nbformat
 
     from vitlab_grader.isolation import submission_folder
 
-    result = NotebookResult(str(path), student=student)
-    try:
-        notebook = nbformat.reads(data.decode("utf-8"), as_version=4)
-    except Exception as exc:  # noqa: BLE001 - not JSON, not a notebook, not UTF-8
-        result.status = "ERROR"
-        result.error = f"cannot read the notebook: {type(exc).__name__}: {_first_line(str(exc))}"
-        return result
-    release, result.anomalies = match_release(path, notebook, releases)
+    result = NotebookResult(str(path), student=student, anomalies=list(anomalies))
+    release, found = match_release(path, notebook, releases)
+    result.anomalies += found
     if release is None:
         names = ", ".join(r.name for r in releases)
         result.status, result.error = "ERROR", f"matches no notebook of the release ({names}): rename it after one"
         return result
     result.release = release.name
     name = path.name if path.name not in release.files else f"submission-{path.name}"
-    with submission_folder({**release.files, name: data}) as folder:
+    data = nbformat.writes(notebook).encode("utf-8")  # what was read, without outputs
+    with submission_folder({**release.files, name: data}, parent=settings.run_dir) as folder:
         _run_in(folder, path, notebook, release, result, settings)
     return result
+
+
+def _scan(result: NotebookResult, code: list[str], work: Any, default: Any) -> Any:
+    """``work()``, the static scan of the student's code, inside its own boundary; ``default`` if it fails."""
+    if sum(map(len, code)) > SCAN_LIMIT:
+        note = f"the code is longer than the {SCAN_LIMIT} characters the static scan reads; not scanned"
+    else:
+        try:
+            return work()
+        except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - the student's source: anything
+            note = f"the static scan could not read the code ({type(exc).__name__}); not scanned"
+    if note not in result.anomalies:
+        result.anomalies.append(note)
+    return default
 
 
 def _run_in(
@@ -389,7 +655,7 @@ def _run_in(
     """Run a submission in its folder, then score every exercise of its release notebook into ``result``."""
     import nbformat
 
-    from vitlab_grader.isolation import end_processes, isolated_kernel_manager, scrubbed_env
+    from vitlab_grader.isolation import DEFAULT_LIMITS, end_processes, isolated_kernel_manager, scrubbed_env
     from vitlab_grader.specs import check_spec
 
     planned = plan(notebook, release, partial(_harness_source, folder))
@@ -402,30 +668,56 @@ def _run_in(
         if c.get("cell_type") == "code" and i not in {check.cell for check in release.checks}
     ]  # fmt: skip
     baseline = vitlab_names(release_code)
-    result.anomalies += [f"uses {name} (from vitlab.checks)" for name in copied_references(code, baseline)]
-    result.anomalies += [f"the code {what}" for what in suspicious(code, release_code)]
+    for text in code:  # what the scan cannot parse: reported, the rest is scanned
+        try:
+            parse(text)
+        except SyntaxError as exc:
+            if str(exc.msg).startswith("too complex to parse"):
+                note = f"the static scan could not read a cell: {exc.msg}"
+                result.anomalies += [] if note in result.anomalies else [note]
+    used = _scan(result, code, lambda: copied_references(code, baseline), [])
+    result.anomalies += [f"uses {name} (from vitlab.checks)" for name in used]
+    result.anomalies += [f"the code {what}" for what in _scan(result, code, lambda: suspicious(code, release_code), [])]
     run_cells = [nbformat.v4.new_code_cell(text) for text in planned.sources]
     run_notebook = nbformat.v4.new_notebook(cells=run_cells, metadata=release.notebook.get("metadata", {}))
     describe = partial(_describe, planned.origins, release, cells)
     skip = {i for i, (kind, _) in enumerate(planned.origins) if kind == "check"}
+    number_at = {i: number for i, (kind, number) in enumerate(planned.origins) if kind == "check"}
+    work = folder / _WORK
+    saved: dict[int, bytes | str] = {}  # the answers files, read right after their check cells
+
+    def read_now(index: int) -> None:
+        answers = work / f"{number_at[index]}-answers.pt"
+        if not os.path.lexists(answers):
+            saved[index] = "the grader's cell saved no answers"
+            return
+        try:
+            saved[index] = _read_regular(answers, ANSWERS_LIMIT, "the answers file")
+        except _Refused as exc:
+            saved[index] = str(exc)
+
     start = time.monotonic()
     _write_cases(folder, release.checks, specs)
-    km, isolation = isolated_kernel_manager(folder, scrubbed_env(), sandbox=settings.sandbox)
+    limits = settings.limits if settings.limits is not None else DEFAULT_LIMITS
+    km, isolation = isolated_kernel_manager(
+        folder, scrubbed_env(), sandbox=settings.sandbox, limits=limits, parent=settings.run_dir
+    )
     result.sandbox, result.isolation = isolation.sandbox, isolation.note
     try:
-        run = _execute(run_notebook, km, settings.timeout, settings.cell_timeout, skip, describe)
+        run = _execute(run_notebook, km, settings.timeout, settings.cell_timeout, skip, describe, read_now)
     finally:
         end_processes(km)  # every process the kernel started is gone before anything is read
-    answers = {
-        check.number: _read_answers(folder / _WORK / f"{check.number}-answers.pt", len(specs[check.check].cases))
-        for check in release.checks
-    }  # fmt: skip
     result.seconds = round(time.monotonic() - start, 1)
     result.restarts = run.restarts
+    if run.output_bytes > OUTPUT_LIMIT:
+        result.anomalies.append(
+            f"its outputs took {run.output_bytes} characters, more than {OUTPUT_LIMIT}; the grader kept none of them"
+        )
     result.timed_out_cells = sorted(planned.origins[i][1] for i in run.timed_out if i not in skip)
     errors = {i: _error(run_notebook.cells[i]) for i in run.finished}
     problems = {i: f"{describe(i)}: {error}" for i, error in errors.items() if error}
     problems |= {i: f"{describe(i)}: {why.removesuffix(f' in {describe(i)}')}" for i, why in run.timed_out.items()}
+    problems |= {i: why for i, why in run.died.items()}
     outside = sorted(i for i in problems if i not in skip)
     result.first_error = problems[outside[0]] if outside else ""
     if run.stopped is not None:
@@ -434,13 +726,23 @@ def _run_in(
         result.status, result.error = "TIMEOUT", run.timed_out[min(run.timed_out)]
     elif result.first_error:
         result.status, result.error = "ERROR", result.first_error
-    where = {number: i for i, (kind, number) in enumerate(planned.origins) if kind == "check"}
+    elif run.died:
+        result.status, result.error = "ERROR", run.died[min(run.died)]
+    where = {number: i for i, number in number_at.items()}
     for check in release.checks:
         spec = specs[check.check]
-        found = answers[check.number]
         index = where[check.number]
+        read = saved.get(index, "the grader's cell did not run")
+        found = read if isinstance(read, str) else _load_answers(read, len(spec.cases))
+        later = _read_answers_bytes(work / f"{check.number}-answers.pt")
+        if index in saved and later != read:
+            result.anomalies.append(
+                f"{check.check}: the answers file ({_WORK}/{check.number}-answers.pt) changed after its check ran; "
+                "the grader used what the check saved"
+            )
         status, message, fraction, function = _verdict(spec, found, run, index, run_notebook.cells[index], describe)
-        flags = copied_references(code, baseline, reference_objects(spec.reference))
+        references = reference_objects(spec.reference)
+        flags = _scan(result, code, lambda: copied_references(code, baseline, references), [])  # noqa: B023
         if function.startswith("vitlab."):
             flags.append(f"the answer is vitlab's own {function}")
         score = _score(status, check.points, fraction, settings.all_or_nothing)
@@ -448,6 +750,16 @@ def _run_in(
             ExerciseResult(str(path), check.check, check.function, status, message, check.points, fraction, score,
                            result.student, "; ".join(dict.fromkeys(flags)))
         )  # fmt: skip
+
+
+def _read_answers_bytes(path: Path) -> bytes | str:
+    """What is in an answers file now (to see whether it changed after it was read)."""
+    if not os.path.lexists(path):
+        return "the grader's cell saved no answers"
+    try:
+        return _read_regular(path, ANSWERS_LIMIT, "the answers file")
+    except _Refused as exc:
+        return str(exc)
 
 
 def grade_notebook(
@@ -458,10 +770,13 @@ def grade_notebook(
     return result
 
 
-def _student_ids(paths: list[Path], root: Path | None, id_source: str, pattern: str | None) -> dict[Path, str]:
-    from vitlab_grader.ids import student_ids
+def _failed(path: Path, student: str, why: str) -> NotebookResult:
+    return NotebookResult(str(path), status="ERROR", error=why, student=student)
 
-    return student_ids(paths, root=root, source=id_source, pattern=pattern)
+
+def _retimed(result: NotebookResult) -> bool:
+    """Whether a result timed out (the notebook or an exercise): graded again alone when jobs > 1."""
+    return result.status == "TIMEOUT" or any(r.status == "TIMEOUT" for r in result.exercises)
 
 
 def grade(
@@ -476,11 +791,17 @@ def grade(
     id_pattern: str | None = None,
     root: str | Path | None = None,
     sandbox: bool = True,
+    limits: Any = None,
 ) -> Iterator[NotebookResult]:
     """Grade submissions against the release, one after the other (or ``jobs`` at a time).
 
-    Every submission is read into memory before the first kernel starts (a kernel cannot
-    change a classmate's file before it is graded). Results come in the order of ``paths``.
+    Every submission is read, parsed and checked before the first kernel starts (a kernel
+    cannot change a classmate's file before it is graded). Results come in the order of
+    ``paths``, except that with ``jobs > 1`` a notebook that timed out is graded again
+    alone after the others (a classmate's busy kernel must not cost it its points), and
+    comes then. Whatever a submission holds costs that submission only: a refused file, an
+    id shared with another file, a notebook that cannot be read or a failure of the grader
+    on it gives its result status ``ERROR`` and the reason, and the others are graded.
 
     Args:
         paths: the submitted notebooks.
@@ -490,36 +811,70 @@ def grade(
         cell_timeout: seconds for one cell (``None``: only the notebook's limit).
         all_or_nothing: full points for a ``PASS`` and none otherwise, instead of partial credit.
         id_source, id_pattern, root: how the student ids are found
-            (:func:`vitlab_grader.ids.student_ids`).
+            (:func:`vitlab_grader.ids.student_ids`); ``root`` is also the submissions'
+            folder: a file outside it, or reached through a symbolic link, is refused.
         sandbox: ``False`` runs the kernels without an OS sandbox (folder, environment and
             processes are still isolated).
+        limits: each kernel's :class:`vitlab_grader.isolation.Limits` (default
+            :data:`vitlab_grader.isolation.DEFAULT_LIMITS`).
 
     Raises:
         AssignmentError: the release cannot be read.
-        vitlab_grader.ids.StudentIdError: two submissions get the same student id.
     """
+    from vitlab_grader.ids import checked_student_ids, common_root
+
     paths = [Path(p) for p in paths]
     releases = read_release(release)
-    ids = _student_ids(paths, Path(root) if root is not None else None, id_source, id_pattern)
-    submissions: list[tuple[Path, bytes | str]] = []
+    base = Path(root) if root is not None else common_root(paths)
+    ids, problems = checked_student_ids(paths, root=base, source=id_source, pattern=id_pattern)
+    parsed: list[tuple[Path, Any]] = []  # (path, (notebook, anomalies) or why it is not graded)
     for path in paths:
+        if path in problems:
+            parsed.append((path, problems[path]))
+            continue
         try:
-            submissions.append((path, path.read_bytes()))
-        except OSError as exc:
-            submissions.append((path, f"cannot read the notebook: {type(exc).__name__}: {exc.strerror}"))
-    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox)
+            parsed.append((path, parse_notebook(read_submission(path, base))))
+        except _Refused as exc:
+            parsed.append((path, str(exc)))
+        except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - costs this submission only
+            parsed.append((path, f"the grader could not read it: {type(exc).__name__}"))
+    run_dir = Path(tempfile.mkdtemp(prefix="vitlab-grade-"))  # the run's own: submissions' and kernels' folders
+    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir)
 
-    def one(item: tuple[Path, bytes | str]) -> NotebookResult:
-        path, data = item
-        if isinstance(data, str):
-            return NotebookResult(str(path), status="ERROR", error=data, student=ids[path])
-        return _grade_submission(path, data, ids[path], releases, settings)
+    def one(item: tuple[Path, Any]) -> NotebookResult:
+        path, read = item
+        student = ids.get(path, "")
+        if isinstance(read, str):
+            return _failed(path, student, read)
+        try:
+            return _grade_submission(path, read[0], read[1], student, releases, settings)
+        except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - costs this submission only
+            return _failed(path, student, f"the grader failed on it: {type(exc).__name__}: {_first_line(str(exc))}")
 
-    if jobs <= 1 or len(submissions) <= 1:
-        for item in submissions:
-            yield one(item)
-        return
-    # Threads are enough: each notebook runs in its own kernel process, and nbclient gives
-    # every thread its own event loop; the threads only wait on the kernels.
-    with ThreadPoolExecutor(jobs) as pool:
-        yield from pool.map(one, submissions)
+    try:
+        if jobs <= 1 or len(parsed) <= 1:
+            for item in parsed:
+                yield one(item)
+            return
+        # Threads are enough: each notebook runs in its own kernel process, and nbclient gives
+        # every thread its own event loop; the threads only wait on the kernels.
+        again = []
+        with ThreadPoolExecutor(jobs) as pool:
+            for item, result in zip(parsed, pool.map(one, parsed)):
+                if _retimed(result):
+                    again.append(item)
+                else:
+                    yield result
+        for item in again:  # alone: nothing else runs now
+            result = one(item)
+            note = "timed out beside other notebooks; graded again alone, and this run counts"
+            result.anomalies.append(note)
+            yield result
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def read_results(path: str | Path) -> list[NotebookResult]:
+    """The results in a JSON file :func:`write_json` wrote (for ``--resume``)."""
+    document = json.loads(Path(path).read_text(encoding="utf-8"))
+    return [NotebookResult.from_dict(n) for n in document.get("notebooks", [])]

@@ -40,6 +40,9 @@ def encode_value(value: Any) -> tuple[Any, str]:
     """``(data, type name)``: a tensor or a number as plain data, anything else as ``None`` and its type's name."""
     name = type(value).__name__
     if isinstance(value, Tensor):
+        if value.is_meta or value.layout != torch.strided or value.is_quantized:  # no values to send
+            where = "meta" if value.is_meta else str(value.layout).removeprefix("torch.")
+            return None, f"{where} Tensor"
         return value.detach().cpu().clone().as_subclass(Tensor), "Tensor"
     if value is None or isinstance(value, (bool, str)):
         return value, name
@@ -72,6 +75,18 @@ def _text(data: dict[str, Any], key: str, optional: bool = False) -> Any:
     raise ValueError(f"{key!r} must be a string{' or None' if optional else ''}, got {type(value).__name__}")
 
 
+TENSOR_LIMIT = 64 * 2**20  # bytes: the largest tensor an answer may be (its values, as the grader compares them)
+
+
+def _check_tensor(value: Tensor) -> None:
+    """A tensor the grader can compare without surprises: values on the CPU, strided, within :data:`TENSOR_LIMIT`."""
+    if value.is_meta or value.device.type != "cpu" or value.layout != torch.strided or value.is_quantized:
+        raise ValueError(f"an answer's tensor must hold values on the CPU, got {value.device.type} {value.layout}")
+    if value.numel() * value.element_size() > TENSOR_LIMIT:
+        raise ValueError(f"an answer's tensor takes {value.numel() * value.element_size()} bytes, more than "
+                         f"the {TENSOR_LIMIT} the grader compares")  # fmt: skip
+
+
 def decode(data: Any, cases: int) -> Answers:
     """The :class:`Answers` in what :func:`encode` wrote (read by the grader).
 
@@ -89,6 +104,7 @@ def decode(data: Any, cases: int) -> Answers:
             raise ValueError(f"expected an answer as a dict, got {type(case).__name__}")
         value, type_name = case.get("value"), _text(case, "type")
         if isinstance(value, Tensor):
+            _check_tensor(value)
             value = value.as_subclass(Tensor)
         elif value is None and type_name != "NoneType":
             value = unsupported(type_name)

@@ -59,7 +59,8 @@ the path relative to ``root`` (``/``-separated, ``.ipynb`` kept); the id is its 
 ``root`` defaults to the deepest folder holding every path.
 
 Two paths with the same id raise :class:`StudentIdError`, naming both: the gradebook has
-one row per student and must never merge two. So ``09_pit (1).ipynb`` and
+one row per student and must never merge two (:func:`checked_student_ids` reports them
+for those paths only, and the grader grades the rest). So ``09_pit (1).ipynb`` and
 ``Copy of 09_pit.ipynb`` side by side in one folder are an error (both are ``09_pit``:
 the same student's copies, or two students the export cannot tell apart; either way the
 instructor decides), while two un-renamed ``09_pit.ipynb`` in two per-student folders
@@ -112,12 +113,14 @@ def _stem(name: str) -> str:
 
 
 def _moodle(path: Path) -> str | None:
-    """The participant id of a Moodle export path (the nearest folder or file name that has one), or ``None``.
+    """The participant id of a Moodle export path (the outermost folder or file name that has one), or ``None``.
 
     The whole path is read, not only what is below ``root``: Moodle's folder names are
-    recognisable, and a single submission's root is its own folder.
+    recognisable, and a single submission's root is its own folder. The outermost name
+    counts: Moodle's folder is the uploader's, a file named like another student's inside
+    it is still the uploader's.
     """
-    for part in reversed(Path(os.path.abspath(path)).parts):
+    for part in Path(os.path.abspath(path)).parts:
         match = _MOODLE.match(part)
         if match is not None:
             return match.group("id")
@@ -157,9 +160,71 @@ def _from_pattern(compiled: re.Pattern[str], relative: str) -> str | None:
     return found or None
 
 
-def _root(paths: Sequence[Path]) -> Path:
-    parents = [os.path.abspath(p.parent) for p in paths]
-    return Path(os.path.commonpath(parents))
+def common_root(paths: Sequence[Path]) -> Path:
+    """The deepest folder holding every path (the default ``root``)."""
+    parents = [os.path.abspath(Path(p).parent) for p in paths]
+    return Path(os.path.commonpath(parents)) if parents else Path.cwd()
+
+
+def checked_student_ids(
+    paths: Sequence[Path], *, root: Path | None = None, source: str = "auto", pattern: str | None = None
+) -> tuple[dict[Path, str], dict[Path, str]]:
+    """``(ids, problems)``: the id of each path that has one of its own, and why the others have none.
+
+    As :func:`student_ids`, but a path without an id, or with an id another path also
+    gets (both are named, and neither is given it), is a problem of those paths only:
+    the rest of the export is graded.
+
+    Raises:
+        ValueError: an unknown ``source``, a ``pattern`` that is not a regular expression
+            or has no group, a path outside ``root``.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    if source == "pattern" and pattern is None:
+        raise ValueError("source 'pattern' needs a pattern (a regular expression with a group 'id')")
+    compiled = _compile(pattern) if pattern is not None else None
+    paths = [Path(p) for p in paths]
+    if not paths:
+        return {}, {}
+    base = Path(os.path.abspath(root)) if root is not None else common_root(paths)
+    found_ids: dict[Path, str] = {}
+    problems: dict[Path, str] = {}
+    owners: dict[str, list[Path]] = {}
+    for path in paths:
+        try:
+            relative = PurePosixPath(Path(os.path.abspath(path)).relative_to(base).as_posix())
+        except ValueError:
+            raise ValueError(f"every path must be inside root {str(base)!r}, got {str(path)!r}") from None
+        parts = relative.parts
+        if compiled is not None:
+            found, where = _from_pattern(compiled, str(relative)), f"pattern {compiled.pattern!r}"
+        elif source == "moodle":
+            found, where = _moodle(path), "a Moodle folder or file name (<name>_<id>_assignsubmission_file_)"
+        elif source == "canvas":
+            found, where = _canvas(relative.name), "a Canvas file name (<name>_<user id>_<file id>_<file>)"
+        elif source == "folder":
+            found, where = _folder(parts), f"a per-student folder under {str(base)!r}"
+        elif source == "file":
+            found, where = _file(relative.name), "the file name"
+        else:
+            found = _moodle(path) or _canvas(relative.name) or _folder(parts) or _file(relative.name)
+            where = "the path"
+        if found is None:
+            problems[path] = f"no student id in {str(relative)!r}: expected {where}"
+            continue
+        owners.setdefault(found, []).append(path)
+        found_ids[path] = found
+    for found, owned in owners.items():
+        if len(owned) > 1:
+            names = " and ".join(repr(str(p)) for p in owned)
+            for path in owned:
+                del found_ids[path]
+                problems[path] = (
+                    f"{names} {'both' if len(owned) == 2 else 'all'} get student id {found!r}: not graded; rename one, "
+                    "or choose how ids are read (source, pattern)"
+                )
+    return found_ids, problems
 
 
 def student_ids(
@@ -181,45 +246,9 @@ def student_ids(
         ValueError: an unknown ``source``, a ``pattern`` that is not a regular expression
             or has no group, a path outside ``root``.
     """
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
-    if source == "pattern" and pattern is None:
-        raise ValueError("source 'pattern' needs a pattern (a regular expression with a group 'id')")
-    compiled = _compile(pattern) if pattern is not None else None
-    paths = [Path(p) for p in paths]
-    if not paths:
-        return {}
-    base = Path(os.path.abspath(root)) if root is not None else _root(paths)
-    ids: dict[Path, str] = {}
-    owner: dict[str, Path] = {}
-    for path in paths:
-        try:
-            relative = PurePosixPath(Path(os.path.abspath(path)).relative_to(base).as_posix())
-        except ValueError:
-            raise ValueError(f"every path must be inside root {str(base)!r}, got {str(path)!r}") from None
-        parts = relative.parts
-        if compiled is not None:
-            found, where = _from_pattern(compiled, str(relative)), f"pattern {compiled.pattern!r}"
-        elif source == "moodle":
-            found, where = _moodle(path), "a Moodle folder or file name (<name>_<id>_assignsubmission_file_)"
-        elif source == "canvas":
-            found, where = _canvas(relative.name), "a Canvas file name (<name>_<user id>_<file id>_<file>)"
-        elif source == "folder":
-            found, where = _folder(parts), f"a per-student folder under {str(base)!r}"
-        elif source == "file":
-            found, where = _file(relative.name), "the file name"
-        else:
-            found = _moodle(path) or _canvas(relative.name) or _folder(parts) or _file(relative.name)
-            where = "the path"
-        if found is None:
-            raise StudentIdError(f"no student id in {str(path)!r}: expected {where}")
-        if found in owner:
-            raise StudentIdError(
-                f"{str(owner[found])!r} and {str(path)!r} both get student id {found!r}: rename one, "
-                "or choose how ids are read (source, pattern)"
-            )
-        owner[found] = path
-        ids[path] = found
+    ids, problems = checked_student_ids(paths, root=root, source=source, pattern=pattern)
+    if problems:
+        raise StudentIdError(next(iter(problems.values())))
     return ids
 
 

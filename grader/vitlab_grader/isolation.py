@@ -68,7 +68,18 @@ What a kernel gets:
   has no network at all (new network namespace); with or without one, no other user of
   the machine can reach its sockets, as they could TCP ports on 127.0.0.1.
 
-What it cannot do: limit memory or CPU time (the grader's time limits do the latter), or
+- **Limits** (:class:`Limits`, :data:`DEFAULT_LIMITS`): the kernel starts under a small
+  launcher that sets, inside the sandbox, ``RLIMIT_DATA`` (the memory it may allocate:
+  heap and private mappings, 4 GiB by default), ``RLIMIT_NPROC`` (processes and threads of
+  the sandbox's user: 256 by default, or 4 per CPU on larger machines; only in a
+  sandbox, whose user namespace counts them apart from the grader's) and a lower CPU
+  priority (``nice`` 10), then becomes the kernel. A kernel past its memory limit gets
+  ``MemoryError`` or dies; either costs that submission only.
+- **Messages**: the grader's end of the kernel's sockets refuses a message over
+  :data:`MESSAGE_LIMIT` (ZeroMQ's ``MAXMSGSIZE``): one huge print cannot grow the grader.
+
+What it cannot do: limit CPU time (the grader's time limits do that) or give each kernel a
+fixed share of the CPU (no cgroups: a lower priority and a process limit instead), or
 hide what the Python installation itself contains (``vitlab``'s source included). Without
 a sandbox the supervisor runs as the student's code does, so code that kills it first can
 leave a detached process behind: only a sandbox's pid namespace cannot be left.
@@ -92,6 +103,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import AsyncKernelManager
 
@@ -130,6 +142,37 @@ _ETC = (  # read-only in the sandbox: what Python, torch and matplotlib read; no
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # links into /usr on merged-/usr systems
 _NAME = re.compile(r"^[^/\\\x00]+$")
 _KILL_WAIT = 5.0  # seconds end_processes waits for the processes it killed to be gone
+MESSAGE_LIMIT = 32 * 2**20  # bytes: the largest message the grader takes from a kernel
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one kernel may use: memory (``RLIMIT_DATA``, bytes), processes and threads (``RLIMIT_NPROC``), nice.
+
+    ``None`` (or 0 for ``nice``) leaves a limit unset. The process limit is set only in a
+    sandbox: without one ``RLIMIT_NPROC`` would count every process of the grader's user.
+    """
+
+    memory: int | None = 4 * 2**30
+    processes: int | None = max(256, 4 * (os.cpu_count() or 1))
+    nice: int = 10
+
+
+DEFAULT_LIMITS = Limits()
+"""The defaults: 4 GiB, 256 processes and threads (4 per CPU on larger machines), nice 10; every chapter fits."""
+
+# Sets the limits, then becomes the kernel (argv: memory, processes, nice, the kernel's command).
+_LIMITER = r"""
+import os, resource, sys
+memory, processes, nice = (int(a) for a in sys.argv[1:4])
+if memory > 0:
+    resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+if processes > 0:
+    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+if nice > 0:
+    os.nice(nice)
+os.execv(sys.argv[4], sys.argv[4:])
+"""
 
 
 def scrubbed_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -165,17 +208,19 @@ class Isolation:
 
 
 @contextlib.contextmanager
-def submission_folder(files: Mapping[str, bytes]) -> Iterator[Path]:
+def submission_folder(files: Mapping[str, bytes], parent: str | Path | None = None) -> Iterator[Path]:
     """A fresh temporary folder holding only ``files`` (name -> content); removed afterwards.
 
     Names are plain file names: no path separators, not ``.`` or ``..``, nothing else.
+    ``parent``: where the folder is made (the grading run's own folder; default the
+    system's temporary folder), always under a new, unique name.
     """
     for name, data in files.items():
         if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
             raise ValueError(f"a submission file name must be a plain file name without '/' or '..', got {name!r}")
         if not isinstance(data, bytes):
             raise TypeError(f"the content of {name!r} must be bytes, got {type(data).__name__}")
-    folder = Path(tempfile.mkdtemp(prefix="vitlab-submission-"))
+    folder = Path(tempfile.mkdtemp(prefix="vitlab-submission-", dir=parent))
     try:
         for name, data in files.items():
             (folder / name).write_bytes(data)
@@ -393,6 +438,26 @@ sys.exit(code if code >= 0 else 128 - code)
 """
 
 
+class BoundedKernelClient(AsyncKernelClient):
+    """A kernel client whose sockets refuse a message over :data:`MESSAGE_LIMIT` (ZeroMQ drops the connection)."""
+
+    def _create_connected_socket(self, channel: str, identity: bytes | None = None) -> Any:
+        import zmq
+        from jupyter_client.connect import channel_socket_types
+
+        sock = self.context.socket(channel_socket_types[channel])
+        sock.linger = 1000
+        sock.setsockopt(zmq.MAXMSGSIZE, MESSAGE_LIMIT)  # before connect: it applies to new connections
+        if identity:
+            sock.identity = identity
+        if getattr(self, "curve_publickey", None) is not None:  # as jupyter_client does, where it has keys
+            sock.curve_secretkey = self.curve_secretkey  # type: ignore[attr-defined]
+            sock.curve_publickey = self.curve_publickey  # type: ignore[attr-defined]
+            sock.curve_serverkey = self.curve_publickey  # type: ignore[attr-defined]
+        sock.connect(self._make_url(channel))
+        return sock
+
+
 class IsolatedKernelManager(AsyncKernelManager):
     """An :class:`AsyncKernelManager` whose kernel always starts in one folder, with one environment, isolated.
 
@@ -404,12 +469,13 @@ class IsolatedKernelManager(AsyncKernelManager):
     _kernel_env: dict[str, str]
     _isolation: Isolation
     _runtime: Path
-    _namespaces: set[str]
     _supervisors: set[int]
+    _limits: Limits
 
-    def _setup(self, folder: Path, env: dict[str, str], isolation: Isolation, runtime: Path) -> None:
+    def _setup(self, folder: Path, env: dict[str, str], isolation: Isolation, runtime: Path, limits: Limits) -> None:
         self._folder, self._kernel_env, self._isolation, self._runtime = folder, env, isolation, runtime
-        self._namespaces, self._supervisors = set(), set()
+        self._supervisors, self._limits = set(), limits
+        self.client_factory = BoundedKernelClient
         # Unix sockets in the private runtime folder: a sandbox has no network, and no other
         # user of the machine can reach them (TCP ports on 127.0.0.1 are open to everyone).
         self.transport, self.ip = "ipc", str(runtime / "kernel")
@@ -428,6 +494,10 @@ class IsolatedKernelManager(AsyncKernelManager):
         # parent_handle=1: do not watch the parent process (invisible from a pid namespace)
         kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", self.connection_file,
                   "--IPKernelApp.parent_handle=1", *(extra_arguments or [])]  # fmt: skip
+        limits = self._limits
+        processes = limits.processes if self._isolation.sandbox != "none" else None
+        numbers = [limits.memory or 0, processes or 0, limits.nice]
+        kernel = [sys.executable, "-I", "-S", "-c", _LIMITER, *map(str, numbers), *kernel]
         if self._isolation.sandbox == "bubblewrap":
             return [*_bwrap_argv(self._folder, self._runtime), *kernel]
         if self._isolation.sandbox == "unshare":
@@ -446,19 +516,8 @@ class IsolatedKernelManager(AsyncKernelManager):
     async def _async_post_start_kernel(self, **kw: Any) -> None:
         await super()._async_post_start_kernel(**kw)
         pid = getattr(self.provisioner, "pid", None)
-        if pid is None:
-            return
-        if self._isolation.sandbox == "none":
+        if pid is not None and self._isolation.sandbox == "none":
             self._supervisors.add(pid)
-            return
-        own = _pid_namespace(os.getpid())
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _alive(pid):  # the sandbox's first process, in its own pid namespace
-            found = {ns for p in _descendants(pid) if (ns := _pid_namespace(p)) and ns != own}
-            if found:
-                self._namespaces |= found
-                return
-            await asyncio.sleep(0.02)
 
     async def _async_kill_kernel(self, restart: bool = False) -> None:
         pid = getattr(self.provisioner, "pid", None)
@@ -478,7 +537,12 @@ async def _wait_gone(pids: list[int], seconds: float) -> None:
 
 
 def isolated_kernel_manager(
-    folder: Path, env: Mapping[str, str], *, sandbox: bool = True
+    folder: Path,
+    env: Mapping[str, str],
+    *,
+    sandbox: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
+    parent: str | Path | None = None,
 ) -> tuple[AsyncKernelManager, Isolation]:
     """A kernel manager for one submission, and how its kernel will be isolated.
 
@@ -486,8 +550,10 @@ def isolated_kernel_manager(
     folder ``folder``, environment exactly ``env`` (plus ``HOME=folder`` when ``env`` has
     no ``HOME``), in its own session, and, with ``sandbox=True``, in the first sandbox
     that starts on this machine (bubblewrap, then unshare; the module's docstring says
-    what it sees). Use it as ``nbclient.NotebookClient(nb, km=km)``; after the kernel's
-    shutdown call :func:`end_processes`.
+    what it sees), under ``limits``. Its private runtime folder is made in ``parent``
+    (default: the system's temporary folder) under a new, unique name. Use it as
+    ``nbclient.NotebookClient(nb, km=km)``; after the kernel's shutdown call
+    :func:`end_processes`.
     """
     folder = Path(folder)
     if not folder.is_absolute() or not folder.is_dir():
@@ -509,9 +575,9 @@ def isolated_kernel_manager(
     else:
         note = ""
     isolation = Isolation(chosen, note)
-    runtime = Path(tempfile.mkdtemp(prefix="vitlab-kernel-"))
+    runtime = Path(tempfile.mkdtemp(prefix="vitlab-kernel-", dir=parent))
     km = IsolatedKernelManager(kernel_name="python3")
-    km._setup(folder, kernel_env, isolation, runtime)
+    km._setup(folder, kernel_env, isolation, runtime, limits)
     return km, isolation
 
 
@@ -543,9 +609,9 @@ def _processes() -> dict[int, tuple[int, int, int]]:
     return found
 
 
-def _descendants(pid: int) -> list[int]:
+def _descendants(pid: int, processes: dict[int, tuple[int, int, int]] | None = None) -> list[int]:
     children: dict[int, list[int]] = {}
-    for child, (parent, _, _) in _processes().items():
+    for child, (parent, _, _) in (_processes() if processes is None else processes).items():
         children.setdefault(parent, []).append(child)
     found, todo = [], [pid]
     while todo:
@@ -597,12 +663,20 @@ def end_processes(km: AsyncKernelManager) -> None:
         _wait(supervisors, _KILL_WAIT)
         groups |= km._supervisors
     deadline = time.monotonic() + _KILL_WAIT
+    own = _pid_namespace(os.getpid())
     while True:
+        processes = _processes()
+        process = getattr(provisioner, "process", None)
+        unreaped = pid is not None and process is not None and process.poll() is None  # else pid may be reused
+        mine = set(_descendants(pid, processes)) if unreaped and pid is not None else set()
+        # The sandbox's pid namespace, read from its live processes each time: a namespace's
+        # number is reused as soon as it is gone, maybe by a classmate's sandbox.
+        namespaces = {ns for p in mine if (ns := _pid_namespace(p)) and ns != own}
         left = [
             p
-            for p, (_, group, session) in _processes().items()
+            for p, (_, group, session) in processes.items()
             if p != os.getpid()
-            and (group in groups or session in groups or (km._namespaces and _pid_namespace(p) in km._namespaces))
+            and (p in mine or group in groups or session in groups or (namespaces and _pid_namespace(p) in namespaces))
         ]
         if not left or time.monotonic() > deadline:
             break
@@ -623,8 +697,12 @@ def _wait(pids: list[int], seconds: float) -> None:
 
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "ENV_ALLOWLIST",
+    "MESSAGE_LIMIT",
+    "BoundedKernelClient",
     "Isolation",
+    "Limits",
     "IsolatedKernelManager",
     "end_processes",
     "isolated_kernel_manager",
