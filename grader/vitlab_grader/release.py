@@ -339,7 +339,7 @@ def copied_references(code: list[str], baseline: set[str], references: list[Any]
     names the release's own cells use (its ``import vitlab.checks`` is not a copy).
     Without ``references``: the names inside ``vitlab.checks`` (a check's private reference
     or machinery); with them (:func:`reference_objects` of one exercise): the names that
-    are one of them.
+    are one of them, or, when the check names no vitlab object, any layer or model of vitlab.
     """
     flagged = []
     for name in sorted(vitlab_names(code) - baseline):
@@ -347,9 +347,19 @@ def copied_references(code: list[str], baseline: set[str], references: list[Any]
         if references is None:
             if inside_checks:
                 flagged.append(name)
-        elif not inside_checks and any(_resolve(name) is r for r in references):
+        elif not inside_checks and (
+            any(_resolve(name) is r for r in references) or (not references and _a_layer(name))
+        ):
             flagged.append(name)
     return flagged
+
+
+def _a_layer(name: str) -> bool:
+    """A function or class of vitlab's layers or models: for a check whose reference is written in
+    the check itself (no vitlab object to compare with), the answer it would be copied from."""
+    obj = _resolve(name)
+    module = getattr(obj, "__module__", "") or ""
+    return callable(obj) and module.startswith(("vitlab.layers", "vitlab.models"))
 
 
 # ---------------------------------------------------------------- what the code tries
