@@ -6,10 +6,7 @@ from torch import Tensor, nn
 
 
 class Mlp(nn.Module):
-    """Linear -> activation -> dropout -> Linear -> dropout.
-
-    One hidden layer (two linear layers), not two hidden layers (pitfall 8). ViT uses
-    ``hidden_features = 4 * in_features`` and GELU.
+    """Linear -> activation -> dropout -> Linear -> dropout: one hidden layer (pitfall 8).
 
     Shape: x (B, N, C_in) -> (B, N, C_out).
     """
