@@ -536,14 +536,6 @@ def evaluate(spec: CheckSpec, answers: Answers) -> CheckResult:
     return dataclasses.replace(first, cases_passed=passed, cases_total=len(cases))
 
 
-def not_a_function(name: str, fn: Any, cases: int) -> CheckResult:
-    """The result of a check given something that cannot be called."""
-    return CheckResult(
-        name, "failed", f"FAIL {name}: expected a function to check, got {type(fn).__name__}",
-        cases_passed=0, cases_total=cases,
-    )  # fmt: skip
-
-
 def show(result: CheckResult) -> None:
     """Show a result's line: printed, or as display data with the result's JSON (see the module docstring)."""
     if os.environ.get(DATA_ENV) == "1":
@@ -586,7 +578,8 @@ def run_check(
         fn.spec = spec
         return CheckResult(name, "not implemented", f"TODO {name}: the spec was requested, nothing ran")
     if not callable(fn):
-        result = not_a_function(name, fn, len(spec.cases))
+        message = f"FAIL {name}: expected a function to check, got {type(fn).__name__}"
+        result = CheckResult(name, "failed", message, cases_passed=0, cases_total=len(spec.cases))
     else:
         result = evaluate(spec, collect_answers(fn, spec.cases))
     show(result)

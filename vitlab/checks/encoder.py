@@ -23,8 +23,6 @@ from vitlab.checks._core import (
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 
-# ---------------------------------------------------------------- the pre-norm block
-
 
 class _HandBlock(Block):
     """A :class:`Block` that refuses ``block(x)``: the exercise composes its sub-modules."""
@@ -246,9 +244,6 @@ def vit_param_count(fn: Callable[..., Any]) -> CheckResult:
     cases = [Case(f"embed_dim={D}, depth={L}, patch_size={P}, num_classes={K}, img_size={img}",
                   (D, L, P, K, img)) for D, L, P, K, img in _CONFIGS]  # fmt: skip
     return run_check("vit_param_count", fn, cases, _count, known_wrong=_COUNT_WRONGS, expect=WHOLE)
-
-
-# ---------------------------------------------------------------- the post-norm block
 
 
 def _post_norm_no_residual(x: Tensor, b: Block) -> Tensor:
