@@ -60,8 +60,8 @@ def unpatchify(patches: Tensor, patch_size: int, grid_size: tuple[int, int]) -> 
 class PatchEmbed(nn.Module):
     """Patch embedding as a stride-P convolution (timm's ``patch_embed.proj``).
 
-    ``img_size=None`` accepts any size divisible by P; ``strict_img_size`` refuses any size but
-    ``img_size`` (for learned position embeddings built for that grid).
+    ``img_size=None`` accepts any size divisible by P; otherwise only ``img_size`` (for learned
+    position embeddings built for that grid).
 
     Shape: x (B, C, H, W) -> (B, N, D) with N = (H/P)(W/P).
     """
@@ -72,8 +72,6 @@ class PatchEmbed(nn.Module):
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         embed_dim: int = 768,
-        *,
-        strict_img_size: bool = True,
     ) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
@@ -85,16 +83,10 @@ class PatchEmbed(nn.Module):
             self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
             self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.in_chans = in_chans
-        self.strict_img_size = strict_img_size and self.img_size is not None
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        check_image(
-            x,
-            in_chans=self.in_chans,
-            patch_size=self.patch_size,
-            img_size=self.img_size if self.strict_img_size else None,
-        )
+        check_image(x, in_chans=self.in_chans, patch_size=self.patch_size, img_size=self.img_size)
         x = self.proj(x)  # (B, D, H/P, W/P)
         return rearrange(x, "B D h w -> B (h w) D")
 
