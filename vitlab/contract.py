@@ -45,14 +45,11 @@ class AttentionMap:
 class VisionModel(Protocol):
     """What every registered model offers (timm's names and meanings).
 
-    * ``forward_features(x)``: the tokens after the final norm, not pooled: ``(B, N, D)``;
-      a list, one per branch, for CrossViT; the last stage's tokens for PiT, LeViT, CvT.
-    * ``forward_head(features, pre_logits=False)``: features -> logits; with
-      ``pre_logits=True`` the pooled vector the classifier reads, ``(B, D)``.
-    * ``forward(x) == forward_head(forward_features(x))`` (in eval mode; a distilled model
-      returns a pair of logits in training mode, as its ``forward``).
-    * every attention layer declares ``attn_kind`` and accepts ``return_attn=True``
-      (:func:`vitlab.attention_maps`).
+    * ``forward_features(x)``: the tokens after the final norm, not pooled, ``(B, N, D)``
+      (a list, one per branch, for CrossViT; the last stage's for PiT, LeViT, CvT);
+    * ``forward_head(features, pre_logits=False)``: logits, or the pooled ``(B, D)``;
+    * ``forward(x) == forward_head(forward_features(x))`` in eval mode;
+    * every attention layer declares ``attn_kind`` and accepts ``return_attn=True``.
 
     Shape: x (B, C, H, W).
     """
@@ -66,10 +63,8 @@ class VisionModel(Protocol):
 
 @dataclass(frozen=True)
 class FamilyProperties:
-    """How a family turns an image into tokens and mixes them (CvT paper, Table 1, extended).
-
-    ``main_model`` is the preset chapter 13 measures for speed; ``branches`` is 2 when
-    the token sequences run side by side (CrossViT) rather than one after another.
+    """How a family turns an image into tokens and mixes them (CvT paper, Table 1, extended);
+    ``main_model`` is the preset chapter 13 times, ``branches`` 2 for CrossViT.
     """
 
     name: str

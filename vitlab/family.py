@@ -114,11 +114,7 @@ def count_macs(model: nn.Module, input_size: tuple[int, int, int, int]) -> int:
 
 
 def attention_token_counts(model: nn.Module, input_size: tuple[int, int, int, int]) -> list[int]:
-    """How many tokens each token mixer reads, in call order (a forward hook on each).
-
-    For LeViT's shrink attention and CaiT/CrossViT's single-query attention this is the
-    number of *keys*; the queries are fewer.
-    """
+    """How many tokens (keys) each token mixer reads, in call order (a forward hook on each)."""
     return _profile(model, input_size)[1]
 
 
@@ -128,12 +124,8 @@ def _stages(counts: list[int]) -> tuple[int, ...]:
 
 
 def tokens_per_stage(model_name: str) -> tuple[int, ...]:
-    """Tokens the attention layers of each stage read, in order of first use.
-
-    ViT-B/16: ``(197,)``; PiT-S: ``(730, 197, 50)``; CaiT: ``(196, 197)`` (patches alone,
-    then the class-attention stage with the cls token); CrossViT-S: ``(401, 197)``, one
-    count per *branch*: the branches run side by side (``FAMILY_PROPERTIES[...].branches``).
-    T2T-ViT: ``(3136, 784, 197)``, the first two in its tokenization module.
+    """Tokens the attention layers of each stage (or CrossViT branch) read, in order of first use:
+    ``(197,)`` for ViT-B/16, ``(730, 197, 50)`` for PiT-S, ``(3136, 784, 197)`` for T2T-ViT.
     """
     return _stages(attention_token_counts(build_on_meta(model_name), input_size_of(model_name)))
 
@@ -171,10 +163,9 @@ TINY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {family: info.tiny for fam
 
 
 def tiny_model(family: str, *, in_chans: int = 1, num_classes: int = 10) -> nn.Module:
-    """A teaching-size model of ``family`` for ``TINY_IMAGE_SIZE`` px images (randomly initialised).
+    """A randomly initialised teaching-size model of ``family`` for ``TINY_IMAGE_SIZE`` px images.
 
-    Shape: images (B, in_chans, 32, 32) -> logits (B, num_classes); a distilled DeiT or a
-    LeViT returns a pair of logits in training mode.
+    Shape: images (B, in_chans, 32, 32) -> logits (B, num_classes) [a pair for DeiT⚗ and LeViT in training].
     """
     if family not in TINY_CONFIGS:
         raise ValueError(f"unknown family {family!r}; expected one of {list(TINY_CONFIGS)}")

@@ -79,11 +79,7 @@ def model_class(name: str) -> type[nn.Module]:
 
 
 def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str = "timm") -> dict[str, Tensor]:
-    """Map a reference implementation's state dict onto the ``vitlab`` model ``name``.
-
-    ``source`` is ``"timm"`` or ``"hf"`` (HuggingFace ``transformers``). The result loads
-    with ``model.load_state_dict(result, strict=True)``.
-    """
+    """Map a ``"timm"`` or ``"hf"`` state dict onto the ``vitlab`` model ``name`` (loads with ``strict=True``)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     module = _module_for(name)

@@ -120,10 +120,9 @@ def model_rollout(
 ) -> Tensor:
     """Rollout of the token a model classifies, on its patch grid.
 
-    The maps (:func:`vitlab.attention_maps`) must all be self-attention maps; the last run
-    of square maps of one shape is rolled out (every block for ViT and DeiT, the last stage
-    for T2T-ViT, PiT and LeViT). The row is the class token's, or with no prefix token
-    (LeViT) the mean of all rows, as the head reads the mean; the prefix tokens' part is dropped.
+    The last run of square self-attention maps of one shape is rolled out (every block for ViT,
+    the last stage for T2T-ViT, PiT, LeViT); the row is the cls token's, or without one (LeViT)
+    the mean of all rows, as the head reads the mean; the prefix tokens' part is dropped.
 
     Shape: images (B, C, H, W) -> (B, h, w), the token grid of those maps.
     """

@@ -237,10 +237,7 @@ def _clone(x: Any) -> Any:
 
 
 def _same(before: Any, after: Any) -> bool:
-    """Whether a call left an input as it was: tensors equal, a module's parameters equal.
-
-    A module's buffers may change: a BatchNorm in training mode updates its running statistics.
-    """
+    """Whether a call left an input as it was: tensors equal, a module's parameters equal (not its buffers)."""
     if isinstance(before, Tensor):
         if not isinstance(after, Tensor) or before.shape != after.shape or before.dtype != after.dtype:
             return False
@@ -355,10 +352,8 @@ def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
 
 
 def collect_answers(fn: Callable[..., Any], cases: Sequence[Case]) -> Answers:
-    """Step 1 of a check: the student's answers, all computed before any reference is.
-
-    The first case with float tensors among its inputs runs once more with gradients and a
-    backward pass: an in-place change that breaks autograd shows there.
+    """Step 1 of a check: the student's answers, all computed before any reference is; the first
+    case with float inputs runs again with gradients and a backward pass.
     """
     found = tuple(answer(fn, case) for case in cases)
     graded = next((i for i, c in enumerate(cases) if _float_tensors((c.args, c.kwargs))), None)
@@ -439,10 +434,8 @@ def _call(fn: Callable[..., Any], case: Case) -> Any:
 
 
 def _known_wrong(failed: int, answers: Answers, spec: CheckSpec) -> KnownWrong | None:
-    """The known wrong answer the student's answer matches on the failing case.
-
-    When several match there, the first that also matches on every other case where both
-    run wins (two mistakes can agree on one case and not on the next).
+    """The known wrong answer that the answer to case ``failed`` matches; of several, the first
+    that matches on every case where both run.
     """
     candidates = []
     for wrong in spec.known_wrong:
@@ -480,11 +473,8 @@ def _changed_message(changed: Sequence[str]) -> str:
 def evaluate(spec: CheckSpec, answers: Answers) -> CheckResult:
     """Step 2 of a check: compute the references and compare them with ``answers``.
 
-    A case counts as passed when its answer matches the reference and the function left
-    its inputs as they were; the case run with gradients also needs its backward pass to work.
-
-    Raises:
-        ValueError: ``answers`` has not one answer per case of ``spec``.
+    A case passes when its answer matches, its inputs were left as they were and, for the case
+    run with gradients, the backward pass worked. Raises ``ValueError`` on a wrong answer count.
     """
     name, cases = spec.name, spec.cases
     if len(answers.cases) != len(cases):

@@ -96,8 +96,7 @@ class TalkingHeadAttn(nn.Module):
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
     """
 
-    # Labels for vitlab.attention_maps: the map mixes the heads, and the softmax
-    # maps before that mixing are the input of proj_w.
+    # For vitlab.attention_maps: the softmax maps before the mixing are proj_w's input.
     attn_kind: ClassVar[AttentionKind] = "mixed"
     unmixed_input: ClassVar[str] = "proj_w"
 

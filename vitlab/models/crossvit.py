@@ -163,10 +163,9 @@ def projection(dim_in: int, dim_out: int) -> nn.Sequential:
 class MultiScaleBlock(nn.Module):
     """One multi-scale encoder: N blocks on S and M on L, then fusion in both directions.
 
-    For branch i and the other branch j (paper Eqs. 5-8, written for i = L): the cls token
-    is projected to j's width, ``x' = [f(cls_i), patches_j]`` (``projs[i]``, Eq. 5);
-    ``y_cls = f(cls_i) + CA(LN(x'))`` (``fusion[i]``, Eqs. 6-7); ``g(y_cls)`` goes back to
-    i's width and replaces cls_i (``revert_projs[i]``, Eq. 8). Patch tokens pass unchanged.
+    Branch i's cls token goes to j's width, ``x' = [f(cls_i), patches_j]`` (``projs[i]``, Eq. 5),
+    ``y_cls = f(cls_i) + CA(LN(x'))`` (``fusion[i]``, Eqs. 6-7), and ``g(y_cls)`` replaces cls_i
+    (``revert_projs[i]``, Eq. 8). Patch tokens pass unchanged.
 
     Shape: [S (B, 1 + N_S, C_S), L (B, 1 + N_L, C_L)] -> the same shapes.
     """
@@ -277,13 +276,9 @@ class CrossViT(nn.Module):
     """Cross-attention multi-scale Vision Transformer: two ViT branches that swap information
     through their cls tokens; the prediction is the mean of the two heads' logits.
 
-    Attention maps (:func:`vitlab.attention_maps`, in forward order), for each of the K
-    encoders: the S branch's self-attention maps (rows and columns ``[cls_S, S patches]``),
-    the L branch's (``[cls_L, L patches]``), then the two cross-attention maps (kind
-    ``"cross"``, one row: the projected cls token): S's cls over ``[it, L patches]``, then
-    L's over ``[it, S patches]``. Patches in row-major order. Per encoder:
-    N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L), (B, h_L, 1, 1 + N_L),
-    (B, h_S, 1, 1 + N_S).
+    Attention maps, per encoder: N x (B, h_S, 1 + N_S, 1 + N_S) over ``[cls_S, S patches]``,
+    M x (B, h_L, 1 + N_L, 1 + N_L), then the two cross maps (kind ``"cross"``, one row):
+    S's cls over ``[it, L patches]`` (B, h_L, 1, 1 + N_L), L's over S (B, h_S, 1, 1 + N_S).
 
     Shape: images (B, C, img_size, img_size) -> logits (B, num_classes).
     """

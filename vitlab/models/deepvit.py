@@ -132,8 +132,7 @@ class ReAttention(nn.Module):
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N), the re-attended map.
     """
 
-    # Labels for vitlab.attention_maps: the map is a mix of the heads' softmax
-    # maps, and the softmax maps themselves are the input of reatten_matrix.
+    # For vitlab.attention_maps: the softmax maps before the mixing are reatten_matrix's input.
     attn_kind: ClassVar[AttentionKind] = "re-attention"
     unmixed_input: ClassVar[str] = "reatten_matrix"
 
@@ -228,8 +227,6 @@ class DeepViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = learned_position_embedding(config.num_patches + 1, D)
         self.pos_drop = nn.Dropout(config.drop_rate)
-        # Plain blocks first, re-attention in the last num_reattention_blocks (official
-        # apply_transform = [False] * (depth - k) + [True] * k).
         c, first_reattention = config, config.depth - config.num_reattention_blocks
         rates = drop_path_rates(c.drop_path_rate, c.depth)
         self.blocks = nn.Sequential(
