@@ -17,7 +17,6 @@ from vitlab.data import (
     RandomShift,
     TensorImageDataset,
     load_cifar10,
-    load_dataset,
     load_digits,
     make_loaders,
 )
@@ -104,12 +103,6 @@ def test_loaders_are_seeded() -> None:
     assert torch.equal(next(iter(test))[1], splits.test.labels[:256])  # test set in order
     with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
         make_loaders(splits, batch_size=0)
-
-
-def test_load_dataset_names() -> None:
-    assert load_dataset("digits").num_classes == 10
-    with pytest.raises(ValueError, match=r"unknown dataset 'mnist'; expected one of \['cifar10', 'digits'\]"):
-        load_dataset("mnist")
 
 
 # --- CIFAR-10, from a fabricated copy in the format torchvision reads -----------------------

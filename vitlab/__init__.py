@@ -1,21 +1,11 @@
 """vitlab: Vision Transformer variants, layer by layer, for the ViT Lab course.
 
-Every model of every family keeps one contract (:class:`vitlab.contract.VisionModel`, timm's
-names and meanings): ``forward_features(x)`` returns the tokens after the final norm, not
-pooled (one tensor per branch for CrossViT, the last stage's tokens for PiT, LeViT and CvT);
-``forward_head(features, pre_logits=False)`` turns them into logits (or, with
-``pre_logits``, into the pooled vector the classifier reads); ``forward(x)`` equals
-``forward_head(forward_features(x))`` in eval mode; and :func:`vitlab.attention_maps`
-returns one labelled ``(B, heads, N_q, N_k)`` map per attention layer in forward order,
-each model's docstring saying what its rows and columns index. Each paper file also declares its
-``FAMILY`` (:class:`vitlab.contract.FamilyInfo`), from which :mod:`vitlab.family` builds its
-tables. ``tests/test_contract.py`` checks all of it for every family.
-
-The modules import one another in one direction only (``tests/test_imports.py`` checks
-it): :mod:`vitlab.registry` looks up names, configs and model files;
-:mod:`vitlab.pretrained` fetches released weights through the hub and converts them;
-:mod:`vitlab.factory` offers ``create_model`` on top of both; :mod:`vitlab.weights` reads
-and writes local weight files and imports no other ``vitlab`` module.
+Every model keeps one contract (:class:`vitlab.contract.VisionModel`, timm's names and
+meanings: ``forward_features``, ``forward_head``, ``forward``), and
+:func:`vitlab.attention_maps` returns its labelled maps in forward order. The modules import
+one another in one direction only (``tests/test_imports.py``): :mod:`vitlab.registry` looks
+up presets, :mod:`vitlab.pretrained` fetches released weights, :mod:`vitlab.factory` offers
+``create_model`` on both, :mod:`vitlab.weights` reads and writes local weight files.
 """
 
 from vitlab.attention_maps import attention_maps

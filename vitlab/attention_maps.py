@@ -1,13 +1,9 @@
 """Attention maps collected during one forward pass, labelled with their layer and kind.
 
-Every attention layer of a ``vitlab`` model says what kind of map it makes in a class
-attribute ``attn_kind`` (:data:`vitlab.contract.AttentionKind`) and accepts
-``return_attn=True``, which makes it take the explicit path and return ``(out, attn)``.
-:func:`attention_maps` runs ``model(x)`` once and asks each such layer for its map
-on the way, with two forward hooks per layer (PyTorch's own mechanism for looking inside
-a module's call): one adds ``return_attn=True`` to the call, the other keeps the map and
-passes ``out`` on, so the rest of the model runs exactly as in ``forward``. Nothing runs
-twice, and the model code needs no second, map-collecting version of its forward.
+Every attention layer declares ``attn_kind`` and accepts ``return_attn=True`` (explicit
+path, returns ``(out, attn)``). :func:`attention_maps` runs ``model(x)`` once with two
+forward hooks per such layer: one adds ``return_attn=True`` to the call, the other keeps the
+map and passes ``out`` on, so the model runs exactly as in ``forward``.
 """
 
 from __future__ import annotations
@@ -30,12 +26,9 @@ def attention_layers(model: nn.Module) -> dict[nn.Module, str]:
 def attention_maps(model: nn.Module, x: Any) -> list[AttentionMap]:
     """Run ``model(x)`` once, keeping every attention layer's map, in forward order.
 
-    The pass runs in eval mode (no dropout; BatchNorm reads its running statistics and
-    does not update them) and without gradients. Afterwards every module's ``training``
-    flag is what it was before, set directly (``nn.Module.train`` is not called), and no
-    parameter or buffer has changed. For the kinds that mix the heads (``"mixed"``,
-    ``"re-attention"``) the layer names, in ``unmixed_input``, the submodule whose input
-    is the heads' softmax maps; that input is kept too (:attr:`AttentionMap.unmixed`).
+    The pass runs in eval mode without gradients; every module's ``training`` flag is restored
+    (set directly) and no parameter or buffer changes. For the mixing kinds, the input of the
+    layer's ``unmixed_input`` submodule is kept too (:attr:`AttentionMap.unmixed`).
 
     Shape: x as ``model`` takes it -> one (B, h, N_q, N_k) map per attention layer call.
     """

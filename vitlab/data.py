@@ -1,12 +1,8 @@
 """Datasets for the training chapters: scikit-learn's digits (offline, the default) and CIFAR-10.
 
-``load_digits`` needs no download: the 1,797 8x8 grey images ship inside scikit-learn, so
-it works on a laptop, in CI and in Colab alike. ``load_cifar10`` reads CIFAR-10 through
-torchvision (``download=True`` fetches it, about 170 MB; meant for Colab with a GPU).
-
-Both return a :class:`DatasetSplits`: the train and test sets plus what a model needs to
-know about the images (channels, size, classes). ``make_loaders`` turns it into seeded
-``DataLoader``s, so the order of the batches is the same on every run.
+The 1,797 8x8 digits ship inside scikit-learn (no download); CIFAR-10 comes through
+torchvision (about 170 MB, meant for Colab with a GPU). Both give a :class:`DatasetSplits`;
+``make_loaders`` turns it into seeded ``DataLoader``s (the same batches on every run).
 """
 
 from __future__ import annotations
@@ -29,11 +25,8 @@ CIFAR10_FOLDER = "cifar-10-batches-py"  # what torchvision's CIFAR10 reads under
 
 @dataclass(frozen=True)
 class DatasetSplits:
-    """A train/test split (and optionally a validation split) and the image format a model must be built for.
-
-    Each item of ``train``, ``test`` and ``val`` is ``(image (C, H, W) float, label int)``.
-    ``val`` is ``None`` unless the loader was asked to carve one out of the training data.
-    """
+    """Train, test and (optional) validation sets of ``(image (C, H, W), label)``, and the
+    image format a model must be built for."""
 
     train: Dataset
     test: Dataset
@@ -48,9 +41,8 @@ class DatasetSplits:
 
 
 class RandomShift:
-    """Shift an image by up to ``max_shift`` pixels in each direction, filling the border
-    with the image's background (its smallest value): the small-image version of CIFAR's
-    "pad and random crop". Draws from PyTorch's global generator.
+    """Shift an image by up to ``max_shift`` pixels each way, filling with its smallest value
+    (CIFAR's "pad and random crop" for small images); PyTorch's global generator draws.
 
     Shape: image (C, H, W) -> (C, H, W).
     """
@@ -100,24 +92,16 @@ def load_digits(
 ) -> DatasetSplits:  # fmt: skip
     """scikit-learn's handwritten digits as 1x8x8 images (or upsampled), split stratified by class.
 
-    Pixels (0-16) are standardised with the mean and standard deviation of the training
-    images only, so nothing about the validation or test images leaks into training.
+    Pixels are standardised with the training images' mean and standard deviation only.
 
     Args:
         test_fraction: share of the 1,797 images held out for testing, in (0, 1).
-        val_fraction: share of the remaining (non-test) images held out for validation, in
-            [0, 1); 0 (the default) makes no validation split. The test split is the same
-            whatever this is.
-        seed: seed of the split (the same seed gives the same split everywhere).
-        augment: shift each training image by up to one pixel (:class:`RandomShift`), a
-            pixel of the returned (possibly upsampled) image.
-        image_size: side of the returned images. Above 8 the images are upsampled with
-            bilinear interpolation (``align_corners=False``) before standardisation, for
-            models whose stems need more than 8x8 pixels (chapter 13 uses 32). No new detail
-            appears: the information is that of the 8x8 image.
-
-    Returns:
-        Splits of 1 x image_size x image_size float images and int64 labels 0-9.
+        val_fraction: share of the other images held out for validation, in [0, 1); 0 makes
+            none (the test split does not depend on it).
+        seed: seed of the split.
+        augment: shift each training image by up to one pixel (:class:`RandomShift`).
+        image_size: side of the returned images; above 8 they are upsampled bilinearly
+            before standardisation (chapter 13 uses 32).
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
@@ -155,8 +139,7 @@ def load_digits(
 
 
 def cifar10_transforms(train: bool, augment: bool = True):  # -> torchvision.transforms.Compose
-    """The usual CIFAR-10 preprocessing: random crop (pad 4) and flip for training, then
-    conversion to a float tensor and per-channel standardisation."""
+    """Random crop (pad 4) and flip for training, then ``ToTensor`` and per-channel standardisation."""
     from torchvision import transforms as T
 
     steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train and augment else []
@@ -166,15 +149,8 @@ def cifar10_transforms(train: bool, augment: bool = True):  # -> torchvision.tra
 def load_cifar10(root: str | Path, *, download: bool = False, augment: bool = True) -> DatasetSplits:
     """CIFAR-10 (50,000 train / 10,000 test 3x32x32 images) through torchvision.
 
-    Args:
-        root: folder that holds (or will hold) ``cifar-10-batches-py/``.
-        download: fetch the dataset (about 170 MB) when it is not under ``root``; needs internet.
-        augment: random crop and flip on the training set.
-
-    Raises:
-        NotADirectoryError: ``root`` exists but is a file.
-        FileNotFoundError: the dataset is not under ``root`` and ``download`` is False.
-        RuntimeError: the files under ``root`` are there but corrupt (checksums differ).
+    ``root`` holds (or will hold) ``cifar-10-batches-py/``; ``download`` fetches it (about
+    170 MB); ``augment``: random crop and flip on the training set.
     """
     root = Path(root).expanduser()
     if root.exists() and not root.is_dir():
@@ -199,21 +175,10 @@ def load_cifar10(root: str | Path, *, download: bool = False, augment: bool = Tr
     return DatasetSplits(train=train, test=test, in_chans=3, image_size=32, class_names=CIFAR10_CLASSES)
 
 
-DATASETS = {"digits": load_digits, "cifar10": load_cifar10}
-
-
-def load_dataset(name: str, **kwargs) -> DatasetSplits:
-    """``load_digits(**kwargs)`` for ``"digits"``, ``load_cifar10(**kwargs)`` for ``"cifar10"``."""
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; expected one of {sorted(DATASETS)}")
-    return DATASETS[name](**kwargs)
-
-
 def make_loaders(
     splits: DatasetSplits, *, batch_size: int = 64, seed: int = 0, num_workers: int = 0
 ) -> tuple[DataLoader, DataLoader]:
-    """Shuffled training loader (its own seeded generator: same order every run) and an
-    unshuffled test loader."""
+    """A shuffled training loader (seeded: the same order every run) and an unshuffled test loader."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     generator = torch.Generator().manual_seed(seed)

@@ -24,12 +24,8 @@ __all__ = ["DistillationLoss", "SmallCNNTeacher", "hard_distillation_loss", "sof
 
 
 def _check_logits(student_cls_logits: Tensor, student_dist_logits: Tensor, teacher_logits: Tensor) -> None:
-    named = {
-        "student_cls_logits": student_cls_logits,
-        "student_dist_logits": student_dist_logits,
-        "teacher_logits": teacher_logits,
-    }
-    for name, t in named.items():
+    named = {"student_cls_logits": student_cls_logits, "student_dist_logits": student_dist_logits}
+    for name, t in {**named, "teacher_logits": teacher_logits}.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.ndim != 2:
@@ -91,15 +87,9 @@ def hard_distillation_loss(
 class DistillationLoss(nn.Module):
     """The official ``DistillationLoss``: runs the teacher and combines the two terms.
 
-    Args:
-        teacher: a trained model in eval mode; it is called under ``torch.no_grad()``.
-        distillation_type: ``"hard"``, ``"soft"`` or ``"none"`` (plain cross-entropy on
-            the cls head; the output may then be a single tensor).
-        alpha: weight of the distillation term (0.5 in DeiT).
-        tau: softmax temperature of soft distillation (3.0 in DeiT; unused when hard).
-
-    ``forward(inputs, outputs, labels)``: ``inputs`` are the images the teacher sees,
-    ``outputs`` the student's ``(cls_logits, dist_logits)``.
+    ``teacher`` (in eval mode) runs under ``torch.no_grad()``; ``distillation_type`` is
+    ``"hard"``, ``"soft"`` or ``"none"`` (cross-entropy on the cls head alone); ``alpha``
+    weights the distillation term, ``tau`` is the soft temperature (DeiT: 0.5 and 3.0).
     """
 
     TYPES = ("hard", "soft", "none")

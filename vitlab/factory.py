@@ -1,8 +1,4 @@
-"""``create_model``: a preset by name, randomly initialised or with its released weights.
-
-The top of the package's import graph: it uses :mod:`vitlab.registry` (the lookup) and
-:mod:`vitlab.pretrained` (the hub), and neither of them imports it.
-"""
+"""``create_model``: a preset by name, randomly initialised or with its released weights."""
 
 from __future__ import annotations
 
@@ -17,11 +13,8 @@ from vitlab.registry import get_config, model_class
 def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Module:
     """Build a registered model, e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
 
-    Weights are randomly initialised; load a reference's weights with
-    :func:`vitlab.convert_state_dict`. ``pretrained=True`` loads the released weights
-    through the reference's hub (timm, or Hugging Face for CvT; needs the internet or a
-    cached copy, and the ``vitlab[pretrained]`` extra); see :mod:`vitlab.pretrained`.
-    Either way the model comes back in training mode.
+    Randomly initialised, or with ``pretrained=True`` the released weights through the
+    reference's hub (:mod:`vitlab.pretrained`); in training mode either way.
 
     Raises:
         KeyError: unknown ``name`` (the message lists close names).

@@ -1,19 +1,11 @@
 """The nine families side by side: properties, MACs, tokens per stage, tiny versions.
 
-Everything here is *derived from the models*: MACs from a counted forward pass
-(``torch.utils.flop_counter``), token counts from forward hooks on the attention layers,
-both on the ``meta`` device (shapes only: no memory, no arithmetic), so the whole
-registry is profiled without allocating a single weight. :data:`FAMILY_PROPERTIES` states the architectural
-choices of each family (the comparison table of the CvT paper, extended to all nine);
-``tests/test_family.py`` checks each entry against the model code.
-
-Nothing about a family is written here: each paper file declares its ``FAMILY``
-(:class:`vitlab.contract.FamilyInfo`), and the tables below are gathered from the registry,
-in chapter order. Adding a family touches its model file, its tests and its chapter.
-
-:data:`TINY_CONFIGS` are teaching-size versions of every family for 32x32 images (the
-digits of :func:`vitlab.data.load_digits` upsampled): about 35k parameters each, paper
-strides kept, widths and depths cut.
+Everything here is derived from the models, on the ``meta`` device (shapes only): MACs
+from a counted forward pass (``torch.utils.flop_counter``), token counts from forward hooks
+on the attention layers. Each paper file declares its ``FAMILY``; the tables here gather
+them from the registry in chapter order (:data:`FAMILY_PROPERTIES` extends the CvT paper's
+comparison table to all nine). :data:`TINY_CONFIGS` are teaching-size versions (about 35k
+parameters) for 32x32 digits.
 """
 
 from __future__ import annotations
@@ -42,7 +34,6 @@ def _family_infos() -> dict[str, FamilyInfo]:
 
 FAMILIES: dict[str, FamilyInfo] = _family_infos()
 
-# Chapter order. Each entry is checked against the code in tests/test_family.py.
 FAMILY_PROPERTIES: dict[str, FamilyProperties] = {family: info.properties for family, info in FAMILIES.items()}
 
 # The token mixers whose input length is "the tokens of a stage" (see attention_token_counts).
@@ -72,11 +63,9 @@ def _profile(model: nn.Module, input_size: tuple[int, ...]) -> tuple[Counter[str
     """One forward pass of a zero batch: FLOPs per aten operator, and the input length of
     every token mixer in call order.
 
-    The explicit attention path is used (restored afterwards): ``FlopCounterMode`` has no
-    formula for PyTorch's fused CPU kernel (``_scaled_dot_product_flash_attention_for_cpu``)
-    and would count its matrix products as 0. The pass runs in eval mode without
-    gradients (both restored too): the counter's module tracker trips over views of
-    parameters that require grad but have no ``grad_fn``.
+    It takes the explicit attention path (``FlopCounterMode`` counts the fused CPU kernel as
+    0) in eval mode without gradients (the counter trips over views of parameters that
+    require grad); all three are restored.
     """
     if len(input_size) != 4:
         raise ValueError(f"input_size must be (B, C, H, W), got {tuple(input_size)}")
@@ -117,23 +106,15 @@ def macs_by_operator(model: nn.Module, input_size: tuple[int, int, int, int]) ->
 def count_macs(model: nn.Module, input_size: tuple[int, int, int, int]) -> int:
     """Multiply-accumulates of one forward pass on a batch of shape ``input_size`` (B, C, H, W).
 
-    Counted (``torch.utils.flop_counter``, which reports 2 FLOPs per MAC): matrix
-    products (``mm``/``addmm``/``bmm``/``baddbmm``: every ``nn.Linear``, the attention's
-    ``q k^T`` and ``attn v``, ``einsum``) and convolutions (``nn.Conv2d``, also the
-    depthwise ones). Not counted: softmax, LayerNorm/BatchNorm, activations, additions,
-    resizing and pooling; biases are not counted either. This is what the papers call
-    "FLOPs". Works on the ``meta`` device (see :func:`build_on_meta`) and on real tensors.
+    Matrix products and convolutions are counted (what the papers call "FLOPs"); softmax,
+    norms, activations, additions, pooling and biases are not.
     """
     flops, _ = _profile(model, input_size)
     return sum(flops.values()) // 2
 
 
 def attention_token_counts(model: nn.Module, input_size: tuple[int, int, int, int]) -> list[int]:
-    """How many tokens each token mixer reads, in call order (a forward hook on each).
-
-    For LeViT's shrink attention and CaiT/CrossViT's single-query attention this is the
-    number of *keys*; the queries are fewer.
-    """
+    """How many tokens (keys) each token mixer reads, in call order (a forward hook on each)."""
     return _profile(model, input_size)[1]
 
 
@@ -143,12 +124,8 @@ def _stages(counts: list[int]) -> tuple[int, ...]:
 
 
 def tokens_per_stage(model_name: str) -> tuple[int, ...]:
-    """Tokens the attention layers of each stage read, in order of first use.
-
-    ViT-B/16: ``(197,)``; PiT-S: ``(730, 197, 50)``; CaiT: ``(196, 197)`` (patches alone,
-    then the class-attention stage with the cls token); CrossViT-S: ``(401, 197)``, one
-    count per *branch*: the branches run side by side (``FAMILY_PROPERTIES[...].branches``).
-    T2T-ViT: ``(3136, 784, 197)``, the first two in its tokenization module.
+    """Tokens the attention layers of each stage (or CrossViT branch) read, in order of first use:
+    ``(197,)`` for ViT-B/16, ``(730, 197, 50)`` for PiT-S, ``(3136, 784, 197)`` for T2T-ViT.
     """
     return _stages(attention_token_counts(build_on_meta(model_name), input_size_of(model_name)))
 
@@ -160,12 +137,8 @@ def format_tokens(family: str, tokens: tuple[int, ...]) -> str:
 
 
 def model_table(names: list[str] | None = None) -> list[dict[str, Any]]:
-    """One row per model (all registered models by default), each from one meta forward pass.
-
-    Keys: ``model``, ``family``, ``img_size``, ``params`` (all parameters, frozen ones
-    included), ``macs`` (:func:`count_macs`, batch 1), ``tokens`` (:func:`tokens_per_stage`).
-    Rows are sorted by family (chapter order), then by MACs.
-    """
+    """One row per model (all by default): ``model``, ``family``, ``img_size``, ``params``,
+    ``macs`` (batch 1), ``tokens`` (:func:`tokens_per_stage`); by family, then MACs."""
     rows = []
     for name in list_models() if names is None else names:
         model, size = build_on_meta(name), input_size_of(name)
@@ -181,27 +154,20 @@ def model_table(names: list[str] | None = None) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- tiny versions for digits
 
 TINY_IMAGE_SIZE = 32  # digits upsampled from 8x8 (vitlab.data.load_digits(image_size=32))
-# family -> (preset, overrides), from each model file's ``FAMILY.tiny``. Every stem keeps its
-# paper stride, so a 32 px image ends as a 2x2 token grid in every family (14x14 at 224 px),
-# except where noted. Widths and depths are cut to about 35k parameters; mlp ratios, head dims
-# of 8-16 and layer types are kept.
-# NOTE(paper): CrossViT's small branch uses patch 8 (32 px is not a multiple of 12) and one
-# multi-scale encoder instead of three. PiT's stem (k16 s8) gives a 3x3 grid, pooled to 2x2
-# and 1x1. LeViT's stages run at 2x2, 1x1, 1x1 (its stride-16 stem is fixed). DeepViT's stem
-# has 6 channels, not 64: 64 would hold 4x the parameters of the whole tiny model (its k8 s8
-# conv alone has 64 * 64 * D). CvT keeps its paper embeddings (k7 s4, k3 s2, k3 s2):
-# 8x8 -> 4x4 -> 2x2.
+# family -> (preset, overrides), from each model file's ``FAMILY.tiny``: paper strides (a 2x2
+# token grid at 32 px), widths and depths cut to about 35k parameters.
+# NOTE(paper): CrossViT's small branch uses patch 8 and one multi-scale encoder instead of
+# three. PiT's stem gives 3x3 -> 2x2 -> 1x1, LeViT's 2x2, 1x1, 1x1, CvT's 4x4 -> 2x2.
+# DeepViT's stem has 6 channels, not 64 (64 would hold 4x the whole tiny model).
 TINY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {family: info.tiny for family, info in FAMILIES.items()}
 
 
 def tiny_model(family: str, *, in_chans: int = 1, num_classes: int = 10) -> nn.Module:
-    """A teaching-size model of ``family`` for ``TINY_IMAGE_SIZE`` px images (randomly initialised).
+    """A randomly initialised teaching-size model of ``family`` for ``TINY_IMAGE_SIZE`` px images.
 
-    Shape: images (B, in_chans, 32, 32) -> logits (B, num_classes); a distilled DeiT or a
-    LeViT returns a pair of logits in training mode.
+    Shape: images (B, in_chans, 32, 32) -> logits (B, num_classes) [a pair for DeiT⚗ and LeViT in training].
     """
     if family not in TINY_CONFIGS:
         raise ValueError(f"unknown family {family!r}; expected one of {list(TINY_CONFIGS)}")
     preset, overrides = TINY_CONFIGS[family]
-    model = create_model(preset, img_size=TINY_IMAGE_SIZE, in_chans=in_chans, num_classes=num_classes, **overrides)
-    return model
+    return create_model(preset, img_size=TINY_IMAGE_SIZE, in_chans=in_chans, num_classes=num_classes, **overrides)

@@ -4,10 +4,7 @@ Names equal timm's where timm has the model (``vit_base_patch16_224``); otherwis
 official repository's (``deepvit_s``, ``cvt_13``).
 
 A pure lookup (name -> paper file, config, model class, weight converter), plus
-:func:`set_fused_attention`, which flips the speed paths of a model already built: it
-imports only ``vitlab.models``. Two modules sit above it and nothing here imports them:
-:mod:`vitlab.pretrained` (released weights from the hub) and :mod:`vitlab.factory`
-(``create_model``, which uses both).
+:func:`set_fused_attention`; it imports only ``vitlab.models``.
 """
 
 from __future__ import annotations
@@ -71,11 +68,8 @@ def get_config(name: str, **overrides: Any) -> Any:
 
 
 def module_of(name: str) -> ModuleType:
-    """The paper file (a module of ``vitlab.models``) whose ``CONFIGS`` lists ``name``.
-
-    Its last name part is the model's family: ``"deit"`` for ``deit_small_patch16_224``,
-    whose config and model class are ViT's.
-    """
+    """The paper file whose ``CONFIGS`` lists ``name``; its last name part is the family
+    (``"deit"`` for ``deit_small_patch16_224``, whose config and model class are ViT's)."""
     return _module_for(name)
 
 
@@ -85,11 +79,7 @@ def model_class(name: str) -> type[nn.Module]:
 
 
 def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str = "timm") -> dict[str, Tensor]:
-    """Map a reference implementation's state dict onto the ``vitlab`` model ``name``.
-
-    ``source`` is ``"timm"`` or ``"hf"`` (HuggingFace ``transformers``). The result loads
-    with ``model.load_state_dict(result, strict=True)``.
-    """
+    """Map a ``"timm"`` or ``"hf"`` state dict onto the ``vitlab`` model ``name`` (loads with ``strict=True``)."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
     module = _module_for(name)
@@ -103,10 +93,7 @@ def convert_state_dict(name: str, state_dict: Mapping[str, Tensor], source: str 
 def set_fused_attention(model: nn.Module, flag: bool) -> nn.Module:
     """Switch the fused attention kernel of ``model`` on (``True``) or off, to the formula written out.
 
-    Every attention layer with both paths has a bool ``fused_attn``: ``True`` calls
-    ``F.scaled_dot_product_attention``, ``False`` writes out ``softmax(q k^T * scale) v``.
-    Layers that change the softmax itself (re-attention, talking heads) only have the
-    explicit path and have nothing to switch. Returns ``model``.
+    Sets every bool ``fused_attn`` (layers with only the explicit path have none). Returns ``model``.
     """
     if not isinstance(flag, bool):
         raise TypeError(f"flag must be a bool, got {type(flag).__name__}")

@@ -9,14 +9,9 @@ block those tokens are already mixtures. Rollout follows the mixing back to the 
 3. multiply through the blocks, later blocks on the left: ``R = Â_L ... Â_2 Â_1``.
 
 Row ``i`` of ``R`` is then a distribution over the input tokens: how much of output token
-``i`` "comes from" each of them, if attention were the only thing that mixed tokens (the
-MLPs and the values' projections are ignored, which is why this is an approximation).
-The class token's row, reshaped to the patch grid, is the usual picture.
-
-Rollout needs maps whose rows are distributions (non-negative, summing to 1) and refuses
-others with a ``ValueError``. :func:`model_rollout` reads a model's maps with
-:func:`vitlab.attention_maps` and handles the models whose maps are square
-self-attention maps (ViT, DeiT, and the last stage of T2T-ViT, PiT and LeViT).
+``i`` "comes from" each of them, if attention were the only thing that mixed tokens (an
+approximation: the MLPs are ignored). The class token's row on the patch grid is the usual
+picture. Maps whose rows are not distributions are refused with a ``ValueError``.
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ _ROW_SUM_TOLERANCE = 1e-3
 
 
 def check_distribution(attn: Tensor, name: str = "the map") -> None:
-    """Raise ``ValueError`` unless every row of ``attn`` is a distribution over the keys:
-    no weight below 0 and every row summing to 1 (what rollout multiplies).
+    """Raise ``ValueError`` unless every row of ``attn`` is non-negative and sums to 1.
 
     Shape: attn (..., N_q, N_k).
     """
@@ -75,18 +69,12 @@ def attention_rollout(
     """Attention rollout: the blocks' attention maps, residual included, multiplied through.
 
     Args:
-        attn_maps: one map per block, first block first, each (B, h, N, N) with rows that
-            sum to 1 (the softmax output), e.g. ``[m.attn for m in vitlab.attention_maps(model, x)]``;
-            a map whose rows are not distributions raises ``ValueError``.
-        head_fusion: how the heads of a block become one map: their ``"mean"`` (the paper)
-            or their elementwise ``"max"``.
-        add_residual: use ``0.5 * A + 0.5 * I`` for each block, as the paper does; with
-            False the raw maps are multiplied (the residual stream is ignored).
+        attn_maps: one softmax map per block, first block first, e.g.
+            ``[m.attn for m in vitlab.attention_maps(model, x)]``.
+        head_fusion: the heads' ``"mean"`` (the paper) or elementwise ``"max"``.
+        add_residual: ``0.5 * A + 0.5 * I`` for each block, as the paper; False multiplies the raw maps.
 
-    Returns:
-        R (B, N, N), ``R = Â_L ... Â_1``; each row is a distribution over the input tokens.
-
-    Shape: depth x (B, h, N, N) -> (B, N, N).
+    Shape: depth x (B, h, N, N) -> R (B, N, N), ``R = Â_L ... Â_1``.
     """
     _check_maps(attn_maps)
     if head_fusion not in ("mean", "max"):
@@ -132,14 +120,9 @@ def model_rollout(
 ) -> Tensor:
     """Rollout of the token a model classifies, on its patch grid.
 
-    The maps come from one forward pass, :func:`vitlab.attention_maps` (the model's modes,
-    parameters and BatchNorm statistics left as they were). They must all be
-    self-attention maps (kind ``"self"``); the last run of maps of one shape, which must
-    be square, is rolled out (every block for ViT and DeiT; the last stage for T2T-ViT,
-    PiT and LeViT). The prefix tokens (cls, dist) are found from the token count. The row
-    is the class token's; with no prefix token (LeViT) it is the mean of all tokens'
-    rows, since the head reads the mean of the tokens. The values are the patches' part
-    of the row (the prefix tokens hold the rest).
+    The last run of square self-attention maps of one shape is rolled out (every block for ViT,
+    the last stage for T2T-ViT, PiT, LeViT); the row is the cls token's, or without one (LeViT)
+    the mean of all rows, as the head reads the mean; the prefix tokens' part is dropped.
 
     Shape: images (B, C, H, W) -> (B, h, w), the token grid of those maps.
     """

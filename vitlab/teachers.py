@@ -1,7 +1,4 @@
-"""Teachers for DeiT's distillation (chapter 4): small convnets that train in seconds.
-
-They are not part of any paper's model; :mod:`vitlab.distill` has the losses.
-"""
+"""Teachers for DeiT's distillation (chapter 4): small convnets that train in seconds."""
 
 from __future__ import annotations
 
@@ -9,12 +6,10 @@ from torch import Tensor, nn
 
 
 class SmallCNNTeacher(nn.Module):
-    """A tiny convnet teacher for small grey images such as sklearn's 8x8 digits.
+    """A tiny convnet teacher for small grey images: three 3x3 conv-BN-ReLU layers (a max pool after
+    the second), global average pooling, a linear head.
 
-    Two 3x3 conv-BN-ReLU layers, a 2x2 max pool, a third conv layer, global average
-    pooling and a linear head. Any input size of at least 2x2 works.
-
-    Shape: x (B, in_chans, H, W) -> (B, num_classes).
+    Shape: x (B, in_chans, H, W) -> (B, num_classes), H, W >= 2.
     """
 
     def __init__(self, in_chans: int = 1, num_classes: int = 10, width: int = 32) -> None:

@@ -1,12 +1,8 @@
-"""Saving and loading weights without running code from the file.
+"""Saving and loading local weights without running code from the file.
 
-A ``.pt``/``.pth`` file is a pickle, and unpickling can call any Python function
-(``os.system``, ``exec``). ``torch.load(..., weights_only=True)`` only rebuilds tensors and
-plain containers and refuses everything else; ``.safetensors`` files hold no code at all.
-Every loader here uses one of the two, so a tampered checkpoint is refused, not run.
-
-Local files only; this module imports no other ``vitlab`` module. Released weights come
-from the hub through ``vitlab.create_model(name, pretrained=True)`` (:mod:`vitlab.pretrained`).
+A ``.pt`` file is a pickle, and unpickling can call any function; ``torch.load(...,
+weights_only=True)`` only rebuilds tensors and containers, and ``.safetensors`` hold no
+code. Every loader here uses one of the two. This module imports no other ``vitlab`` module.
 """
 
 from __future__ import annotations
@@ -52,12 +48,8 @@ def _checked(obj: Any, path: Path) -> dict[str, Tensor]:
 def load_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a state dict from ``path`` onto the CPU, never running code stored in the file.
 
-    ``.safetensors`` files are read with the ``safetensors`` package; anything else with
-    ``torch.load(path, map_location="cpu", weights_only=True)``.
-
     Raises:
-        pickle.UnpicklingError: the pickle refers to anything but tensors and containers
-            (a tampered or foreign checkpoint).
+        pickle.UnpicklingError: the pickle refers to anything but tensors and containers.
         TypeError: the file holds something other than a dict of tensors.
         ImportError: a ``.safetensors`` file and no ``safetensors`` package.
     """
@@ -87,9 +79,6 @@ def save_state_dict(state_dict: Mapping[str, Tensor] | nn.Module, path: str | os
 
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike) -> nn.Module:
-    """Load the state dict at ``path`` into ``model`` (strict: every key and shape must fit).
-
-    Returns ``model``.
-    """
+    """Load the state dict at ``path`` into ``model`` (strict) and return ``model``."""
     model.load_state_dict(load_state_dict(path), strict=True)
     return model

@@ -1,33 +1,14 @@
 """Automatic checks for the course's "implement it" exercises.
 
-An exercise is three cells: a stub (``raise NotImplementedError``), the solution, and a
-check cell such as ``vitlab.checks.scaled_dot_product_attention(my_attention);``. Each
-check runs the function on a few seeded CPU cases against the reference, prints one
-line (``PASS ...``, ``FAIL ...`` naming the case and what differs, or ``TODO ...: not
-implemented yet``) and returns a :class:`CheckResult`, truthy only when passed. Every
-case runs: ``result.fraction`` is the share that match, a grader's partial credit. A
-wrong answer that matches a known one (a pitfall of book/pitfalls.md) is named. An answer
-that changes its inputs in place, breaks autograd with an in-place operation, or carries
-no gradient where the reference does (one case runs with gradients and a backward pass),
-fails. A check never raises on the student's behalf. The result displays nothing, so a
-cell shows the line only.
-
-The student's answers are computed first and the references after, never on one stack.
-The instructor's grader (the separate package ``vitlab_grader``) does not run these
-functions in the student's kernel: it takes a check's cases and reference, gets the
-answers back as data and compares in its own process (:mod:`vitlab.checks._core`).
-
-Each check's docstring defines the function it checks (``patchify(fn)``, ``unpatchify(fn)``,
-``scaled_dot_product_attention(fn)``, ``split_heads(fn)``, ``qkv_weight_from_jax(fn)``,
-``padded_cross_attention(fn)``, ``encoder_block(fn)``, ``vit_param_count(fn)``, ``post_norm_block(fn)``,
-``hard_distillation_loss(fn)``, ``soft_distillation_loss(fn)``, ``mixup_hard_distillation_loss(fn)``,
-``soft_distillation_from_probs(fn)``, ``re_attention_heads(fn)``, ``re_attention_layernorm(fn)``,
-``layer_scale_init(fn)``, ``class_attention(fn)``, ``class_attention_tokens(fn)``, ``fusion_macs(fn)``,
-``t2t_token_count(fn)``, ``t2t_grids(fn)``, ``soft_split(fn)``, ``squeezed_kv_projection(fn)``,
-``cvt_avg_attention(fn)``, ``pit_pooling_stage(fn)``, ``levit_bias_indices(fn)``,
-``levit_attention_logits(fn)``, ``levit_shrink_bias_indices(fn)``, ``encoder_block_macs(fn)``,
-``attention_macs(fn)``, ``warmup_cosine(fn)``, ``mean_pool_rollout(fn)``); the signatures of
-``scaled_dot_product_attention`` and ``t2t_token_count`` are fixed for graders.
+An exercise is a stub (``raise NotImplementedError``), the solution, and a check cell such
+as ``vitlab.checks.scaled_dot_product_attention(my_attention);``. Each check runs the
+function on seeded CPU cases against the reference, prints one line (``PASS``, ``FAIL``
+naming the case and what differs, or ``TODO``) and returns a :class:`CheckResult`, truthy
+only when passed (``result.fraction``: the share of cases that match). A known wrong answer
+(a pitfall of book/pitfalls.md) is named; an answer that changes its inputs in place or
+breaks or loses the gradient fails. A check never raises on the student's behalf (see
+:mod:`vitlab.checks._core`). Each check's docstring defines the function it checks; the
+signatures of ``scaled_dot_product_attention`` and ``t2t_token_count`` are fixed for graders.
 """
 
 from vitlab.checks._core import CheckResult

@@ -1,37 +1,17 @@
 """The machinery every exercise check shares.
 
-A check is a :class:`CheckSpec`: a few fixed, seeded cases (CPU tensors), the reference,
-the *known wrong answers* (the course's pitfalls and other classic slips), what an answer
-must be (:class:`Expect`) and a note for a PASS line. Checking an answer has two steps
-that never share a stack:
+A check is a :class:`CheckSpec`: seeded CPU cases, the reference, the *known wrong
+answers* (the course's pitfalls and classic slips) and what an answer must be
+(:class:`Expect`). Checking has two steps that never share a stack:
+:func:`collect_answers` runs the student's function on fresh copies of the inputs (and one
+case again with gradients and a backward pass); :func:`evaluate` only then computes the
+references and compares. :func:`run_check` does both and prints one line (``PASS ...``,
+``FAIL name [case 2/4: ...]: ...`` or ``TODO ...``); it never raises because of the
+student's code. The grader (``vitlab_grader``) gets the spec through a :class:`SpecRequest`,
+runs step 1 in the student's kernel and step 2 in its own process.
 
-1. :func:`collect_answers` runs the student's function on a fresh copy of every case's
-   inputs, notes what it returned or raised and whether it changed its inputs in place,
-   and runs one case again with inputs that require gradients, then a backward pass;
-2. :func:`evaluate` computes the references, only now, and compares. Every case counts
-   (the fraction that match is the partial credit a grader gives); the result names the
-   first case that differs, in words when the answer matches a known wrong one.
-
-In a notebook, :func:`run_check` does both in that order (the reference's output is never
-on a stack the student's function can walk) and prints exactly one line:
-
-* ``PASS name: all 4 cases match the reference``
-* ``FAIL name [case 2/4: ...]: what differs``
-* ``TODO name: not implemented yet``
-
-The instructor's grader (the separate package ``vitlab_grader``, in ``grader/``) takes the
-two steps apart: it asks a check for its spec (a :class:`SpecRequest` in place of the
-function), sends the cases to the student's kernel, which runs step 1 and returns the
-answers as data, and runs step 2 in its own process. A check never raises
-because of the student's code: a wrong answer, a crash or ``NotImplementedError`` become
-a failed result, so a notebook keeps running. Printing is the point of these functions
-(they are the output of a notebook cell); the rest of ``vitlab`` never prints.
-
-Results as data: when the environment variable ``VITLAB_CHECK_DATA`` is ``1`` and the
-check runs in IPython, the line is shown as display data instead of printed: the same line
-as ``text/plain`` next to :meth:`CheckResult.to_dict` as ``application/vnd.vitlab.check+json``
-(:data:`DATA_MIME`), for tools that collect a student's own results. The grader never
-reads it (a student's code can show anything).
+With ``VITLAB_CHECK_DATA=1`` in IPython the line is shown as display data instead, next to
+:meth:`CheckResult.to_dict` as :data:`DATA_MIME` (the grader never reads it).
 """
 
 from __future__ import annotations
@@ -59,7 +39,6 @@ DATA_MIME = "application/vnd.vitlab.check+json"  # the MIME type of a result as 
 DATA_VERSION = 1  # the version of CheckResult.to_dict's layout
 DATA_ENV = "VITLAB_CHECK_DATA"  # "1": show results as display data (see the module docstring)
 DETACHED = "detached: no gradient reaches the inputs"  # Answers.gradient for an answer autograd cannot reach
-
 
 # The two classic slips of folding a token sequence (B, H*W, C) into a map (B, C, H, W),
 # named in the same words by every check whose exercise does it.
@@ -95,9 +74,7 @@ def same_padding(x: Tensor, kernel: int, stride: int) -> Tensor:
     return F.pad(x, pads)
 
 
-# A map padded another way than with zeros, the same amount on every side: reflect or
-# replicate (the border's own values) or lopsided (TensorFlow's "SAME"). Shared by every
-# check whose exercise pads (CvT's squeezed projection, PiT's pooling, T2T's soft split).
+# A map padded another way than with zeros (shared by CvT's, PiT's and T2T's checks).
 _ZEROS = "pad with zeros, the same amount on every side (what padding= does in F.conv2d, nn.Conv2d and F.unfold)"
 PADDED_BY = {
     "reflect": f"the map is padded by reflection (mode='reflect' or padding_mode='reflect'); {_ZEROS}",
@@ -111,14 +88,9 @@ PADDED_BY = {
 class CheckResult:
     """The outcome of one check; ``bool(result)`` is ``result.passed``.
 
-    Attributes:
-        name: the check's name, e.g. ``"scaled_dot_product_attention"``.
-        status: ``"passed"``, ``"failed"`` or ``"not implemented"``.
-        message: the line the check printed.
-        case: the label of the case that failed (``None`` when passed).
-        pitfall: the number of the recognised wrong answer in book/pitfalls.md, if any.
-        cases_passed: how many cases matched the reference (``None``: not counted).
-        cases_total: how many cases the check ran (``None``: not counted).
+    ``message`` is the line the check printed, ``case`` the label of the case that failed,
+    ``pitfall`` the number of the recognised wrong answer in book/pitfalls.md;
+    ``cases_passed`` of ``cases_total`` matched the reference (``None``: not counted).
     """
 
     name: str
@@ -142,27 +114,13 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-ready data, the same on every run and device (no floats but the fraction)."""
-        return {
-            "version": DATA_VERSION,
-            "name": self.name,
-            "status": self.status,
-            "message": self.message,
-            "case": self.case,
-            "pitfall": self.pitfall,
-            "cases_passed": self.cases_passed,
-            "cases_total": self.cases_total,
-            "fraction": self.fraction,
-        }
+        return {"version": DATA_VERSION, **dataclasses.asdict(self), "fraction": self.fraction}
 
     def __bool__(self) -> bool:
         return self.passed
 
     def _ipython_display_(self) -> None:
-        """Show nothing as a cell's value: the check already printed its one line.
-
-        (A trailing ``;`` is not enough: nbval runs cells without history, and IPython
-        then cannot see the ``;``.)
-        """
+        """Show nothing as a cell's value (a trailing ``;`` is not seen when nbval runs a cell)."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +134,8 @@ class Case:
 
 @dataclass(frozen=True)
 class KnownWrong:
-    """A common wrong answer (a pitfall of the book, or a classic slip), and how to fix it.
-
-    ``fn`` takes the same arguments as the student's function and returns the wrong
-    answer; ``message`` says in words what was done and what is right; ``pitfall`` is its
-    number in book/pitfalls.md when it is one of the course's pitfalls.
-    """
+    """A common wrong answer: ``fn`` computes it from the same arguments, ``message`` says what
+    is right, ``pitfall`` is its number in book/pitfalls.md if it is one."""
 
     fn: Callable[..., Any]
     message: str
@@ -190,11 +144,8 @@ class KnownWrong:
 
 @dataclass(frozen=True)
 class Expect:
-    """What an answer must be: a tensor or one number, integer-valued or not, and how close.
-
-    ``atol`` and ``rtol`` as in :func:`torch.isclose`; a number matches when
-    ``math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)``.
-    """
+    """What an answer must be: a tensor or one number, integer-valued or not, and how close
+    (``atol``, ``rtol`` as in :func:`torch.isclose` and :func:`math.isclose`)."""
 
     kind: Literal["tensor", "number"] = "tensor"
     integer: bool = False
@@ -220,15 +171,9 @@ class CheckSpec:
 
 @dataclass(frozen=True)
 class Answer:
-    """What the student's function did on one case.
-
-    Attributes:
-        value: what it returned (``None`` when it raised).
-        error: the exception it raised, ``"TypeError: ..."`` with its whole message, or ``None``.
-        where: where it raised, the last line of the student's own code: ``"line 3 of fn: return q @ k"``.
-        not_implemented: it raised ``NotImplementedError`` (the stub).
-        changed: the inputs it changed in place, by parameter name (``"x"``) or position (``"argument 2"``).
-    """
+    """What the student's function did on one case: returned ``value``, or raised ``error``
+    (``"TypeError: ..."``) at ``where`` (``"line 3 of fn: return q @ k"``); ``changed`` names the
+    inputs it changed in place (``"x"``, ``"argument 2"``)."""
 
     value: Any = None
     error: str | None = None
@@ -239,14 +184,8 @@ class Answer:
 
 @dataclass(frozen=True)
 class Answers:
-    """The student's answers to every case of a check, as :func:`collect_answers` gives them.
-
-    Attributes:
-        cases: one :class:`Answer` per case, in order.
-        gradient: why the run of one case with gradients (and a backward pass) failed, or ``None``.
-        gradient_case: the index of the case run with gradients (``None``: no case has float tensors).
-        function: the function's ``module.qualname`` (a grader flags vitlab's own objects).
-    """
+    """The answers to every case (:func:`collect_answers`); ``gradient``: why the run of case
+    ``gradient_case`` with gradients failed, or ``None``; ``function``: ``module.qualname``."""
 
     cases: tuple[Answer, ...]
     gradient: str | None = None
@@ -298,10 +237,7 @@ def _clone(x: Any) -> Any:
 
 
 def _same(before: Any, after: Any) -> bool:
-    """Whether a call left an input as it was: tensors equal, a module's parameters equal.
-
-    A module's buffers may change: a BatchNorm in training mode updates its running statistics.
-    """
+    """Whether a call left an input as it was: tensors equal, a module's parameters equal (not its buffers)."""
     if isinstance(before, Tensor):
         if not isinstance(after, Tensor) or before.shape != after.shape or before.dtype != after.dtype:
             return False
@@ -386,11 +322,17 @@ def answer(fn: Callable[..., Any], case: Case) -> Answer:
     return Answer(value=value, changed=_changed(fn, case, args, kwargs))
 
 
-def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
-    """Why ``fn`` fails on ``case`` with float inputs that require gradients, then a backward pass, or ``None``."""
+def _grad_inputs(case: Case) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Copies of the case's inputs, every float tensor requiring gradients."""
     args, kwargs = _clone(case.args), _clone(case.kwargs)
     for tensor in _float_tensors((args, kwargs)):
         tensor.requires_grad_(True)
+    return args, kwargs
+
+
+def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
+    """Why ``fn`` fails on ``case`` with float inputs that require gradients, then a backward pass, or ``None``."""
+    args, kwargs = _grad_inputs(case)
     try:
         with torch.enable_grad():
             value = fn(*args, **kwargs)
@@ -410,10 +352,8 @@ def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
 
 
 def collect_answers(fn: Callable[..., Any], cases: Sequence[Case]) -> Answers:
-    """Step 1 of a check: the student's answers, all computed before any reference is.
-
-    The first case with float tensors among its inputs runs once more with gradients and a
-    backward pass: an in-place change that breaks autograd shows there.
+    """Step 1 of a check: the student's answers, all computed before any reference is; the first
+    case with float inputs runs again with gradients and a backward pass.
     """
     found = tuple(answer(fn, case) for case in cases)
     graded = next((i for i, c in enumerate(cases) if _float_tensors((c.args, c.kwargs))), None)
@@ -481,9 +421,7 @@ def problem(got: Any, expected: Any, expect: Expect) -> str | None:
 
 def _carries_gradient(fn: Callable[..., Any], case: Case) -> bool:
     """Whether ``fn``'s output on the case, its float inputs requiring gradients, is differentiable."""
-    args, kwargs = _clone(case.args), _clone(case.kwargs)
-    for tensor in _float_tensors((args, kwargs)):
-        tensor.requires_grad_(True)
+    args, kwargs = _grad_inputs(case)
     with torch.enable_grad():
         value = fn(*args, **kwargs)
     return isinstance(value, Tensor) and value.requires_grad
@@ -495,15 +433,9 @@ def _call(fn: Callable[..., Any], case: Case) -> Any:
         return fn(*_clone(case.args), **_clone(case.kwargs))
 
 
-def _usable(found: Answer) -> bool:
-    return found.error is None and not found.not_implemented
-
-
 def _known_wrong(failed: int, answers: Answers, spec: CheckSpec) -> KnownWrong | None:
-    """The known wrong answer the student's answer matches on the failing case.
-
-    When several match there, the first that also matches on every other case where both
-    run wins (two mistakes can agree on one case and not on the next).
+    """The known wrong answer that the answer to case ``failed`` matches; of several, the first
+    that matches on every case where both run.
     """
     candidates = []
     for wrong in spec.known_wrong:
@@ -521,7 +453,7 @@ def _known_wrong(failed: int, answers: Answers, spec: CheckSpec) -> KnownWrong |
 
 def _matches(wrong: KnownWrong, answers: Answers, spec: CheckSpec, number: int) -> bool:
     """Whether the answer to case ``number`` is this wrong answer (true where either does not run)."""
-    if not _usable(answers.cases[number]):
+    if answers.cases[number].error is not None or answers.cases[number].not_implemented:
         return True
     try:
         wrong_answer = _call(wrong.fn, spec.cases[number])
@@ -541,11 +473,8 @@ def _changed_message(changed: Sequence[str]) -> str:
 def evaluate(spec: CheckSpec, answers: Answers) -> CheckResult:
     """Step 2 of a check: compute the references and compare them with ``answers``.
 
-    A case counts as passed when its answer matches the reference and the function left
-    its inputs as they were; the case run with gradients also needs its backward pass to work.
-
-    Raises:
-        ValueError: ``answers`` has not one answer per case of ``spec``.
+    A case passes when its answer matches, its inputs were left as they were and, for the case
+    run with gradients, the backward pass worked. Raises ``ValueError`` on a wrong answer count.
     """
     name, cases = spec.name, spec.cases
     if len(answers.cases) != len(cases):
@@ -597,14 +526,6 @@ def evaluate(spec: CheckSpec, answers: Answers) -> CheckResult:
     return dataclasses.replace(first, cases_passed=passed, cases_total=len(cases))
 
 
-def not_a_function(name: str, fn: Any, cases: int) -> CheckResult:
-    """The result of a check given something that cannot be called."""
-    return CheckResult(
-        name, "failed", f"FAIL {name}: expected a function to check, got {type(fn).__name__}",
-        cases_passed=0, cases_total=cases,
-    )  # fmt: skip
-
-
 def show(result: CheckResult) -> None:
     """Show a result's line: printed, or as display data with the result's JSON (see the module docstring)."""
     if os.environ.get(DATA_ENV) == "1":
@@ -621,11 +542,7 @@ def show(result: CheckResult) -> None:
 
 
 class SpecRequest:
-    """Give this to a check instead of a function to get its :class:`CheckSpec`: the check stores it in ``spec``.
-
-    Nothing runs but the check's own code that builds its cases; the grader uses it to get
-    a check's cases and reference without a student function.
-    """
+    """Give this to a check instead of a function: the check stores its :class:`CheckSpec` in ``spec``."""
 
     def __init__(self) -> None:
         self.spec: CheckSpec | None = None
@@ -643,23 +560,16 @@ def run_check(
 ) -> CheckResult:
     """Run ``fn`` on every case against ``reference``; show one line; return the result.
 
-    ``pass_note`` is added to a PASS line after a space, e.g. ``"(the check compares
-    values only: it cannot tell whether you used F.unfold)"``.
-
-    The student's answers are all computed first (:func:`collect_answers`), the references
-    after (:func:`evaluate`). Every case runs, so the result counts the cases that match
-    (``cases_passed`` of ``cases_total``, the partial credit); the line names the first
-    case that differs. The known wrong answers are tried on that case; the one the answer
-    matches is reported (the first in order that matches on every case, if several match
-    on that one). Given a :class:`SpecRequest` instead of a function, it stores the spec
-    there and returns a result that says so, without running or showing anything.
+    ``pass_note`` is added to a PASS line after a space. Given a :class:`SpecRequest`, it
+    stores the spec there and returns without running or showing anything.
     """
     spec = CheckSpec(name, tuple(cases), reference, tuple(known_wrong), expect, pass_note)
     if isinstance(fn, SpecRequest):
         fn.spec = spec
         return CheckResult(name, "not implemented", f"TODO {name}: the spec was requested, nothing ran")
     if not callable(fn):
-        result = not_a_function(name, fn, len(spec.cases))
+        message = f"FAIL {name}: expected a function to check, got {type(fn).__name__}"
+        result = CheckResult(name, "failed", message, cases_passed=0, cases_total=len(spec.cases))
     else:
         result = evaluate(spec, collect_answers(fn, spec.cases))
     show(result)

@@ -135,9 +135,6 @@ def split_heads(fn: Callable[..., Any]) -> CheckResult:
     )
 
 
-# ---------------------------------------------------------------- JAX kernels into the fused qkv
-
-
 def _qkv_weight(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
     """timm's conversion (``_load_weights`` in ``vision_transformer.py``): each (C, h, d)
     kernel flattened to (C, h*d), stacked as three blocks, transposed to (out, in)."""
@@ -185,9 +182,6 @@ def qkv_weight_from_jax(fn: Callable[..., Any]) -> CheckResult:
         query, key, value = (randn(10 * seed + i, C, h, d) for i in range(3))
         cases.append(Case(f"query, key, value {shape(query)} each", (query, key, value)))
     return run_check("qkv_weight_from_jax", fn, cases, _qkv_weight, known_wrong=_QKV_WRONGS)
-
-
-# ---------------------------------------------------------------- cross-attention over padded keys
 
 
 def _padded_cross(

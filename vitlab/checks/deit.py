@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -78,9 +79,12 @@ def _hard(c: Tensor, d: Tensor, t: Tensor, y: Tensor, alpha: float = 0.5, *, wro
     return (1 - alpha) * F.cross_entropy(c, y) + alpha * F.cross_entropy(d, t_labels)
 
 
-def _hard_wrong(variant: str, message: str, pitfall: int | None = None) -> KnownWrong:
-    return KnownWrong(lambda c, d, t, y, alpha=0.5: _hard(c, d, t, y, alpha, wrong=variant), message, pitfall)
+def _variant(loss: Callable[..., Tensor], variant: str, message: str, pitfall: int | None = None) -> KnownWrong:
+    """The known wrong answer ``loss(..., wrong=variant)``."""
+    return KnownWrong(partial(loss, wrong=variant), message, pitfall)
 
+
+_hard_wrong = partial(_variant, _hard)
 
 _RIGHT = "the class head learns the true labels, the distillation head the teacher's argmax"
 
@@ -137,13 +141,7 @@ def _soft(c: Tensor, d: Tensor, t: Tensor, y: Tensor, *, alpha: float, tau: floa
     return (1 - alpha) * F.cross_entropy(c, y) + alpha * kl * factor / divisor
 
 
-def _soft_wrong(variant: str, message: str, pitfall: int | None = None) -> KnownWrong:
-    def fn(c: Tensor, d: Tensor, t: Tensor, y: Tensor, *, alpha: float, tau: float) -> Tensor:
-        return _soft(c, d, t, y, alpha=alpha, tau=tau, wrong=variant)
-
-    return KnownWrong(fn, message, pitfall)
-
-
+_soft_wrong = partial(_variant, _soft)
 _SOFT_WRONGS = (
     _soft_wrong("cls_head", "the teacher's distribution supervises the class head; it supervises the "
                 "distillation head (dist_logits), the class head learns the true labels", 9),
@@ -177,9 +175,6 @@ def soft_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
         inputs = _logits(100 + seed, B, K, scale)
         cases.append(Case(_label(inputs, alpha=alpha, tau=tau), inputs, {"alpha": alpha, "tau": tau}))
     return run_check("soft_distillation_loss", fn, cases, _soft, known_wrong=_SOFT_WRONGS)
-
-
-# ---------------------------------------------------------------- hard distillation with Mixup targets
 
 
 def _soft_target_ce(logits: Tensor, targets: Tensor) -> Tensor:
@@ -263,9 +258,6 @@ def mixup_hard_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
     return run_check("mixup_hard_distillation_loss", fn, cases, _mixup_hard, known_wrong=_MIXUP_WRONGS)
 
 
-# ---------------------------------------------------------------- soft distillation from a teacher's probabilities
-
-
 def _soft_from_probs(
     c: Tensor, d: Tensor, p: Tensor, y: Tensor, *, alpha: float, tau: float, wrong: str = ""
 ) -> Tensor:
@@ -287,13 +279,7 @@ def _soft_from_probs(
 _SOFT_VARIANTS = ("cls_head", "reversed", "no_tau_squared", "batchmean")
 
 
-def _probs_wrong(variant: str, message: str, pitfall: int | None = None) -> KnownWrong:
-    def fn(c: Tensor, d: Tensor, p: Tensor, y: Tensor, *, alpha: float, tau: float) -> Tensor:
-        return _soft_from_probs(c, d, p, y, alpha=alpha, tau=tau, wrong=variant)
-
-    return KnownWrong(fn, message, pitfall)
-
-
+_probs_wrong = partial(_variant, _soft_from_probs)
 _PROBS_WRONGS = (
     _probs_wrong("untempered", "the teacher's probabilities are used as they are, at temperature 1; soften them "
                  "with the same tau as the student: softmax(log(teacher_probs) / tau), i.e. teacher_probs**(1/tau) "

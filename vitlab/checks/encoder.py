@@ -23,8 +23,6 @@ from vitlab.checks._core import (
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 
-# ---------------------------------------------------------------- the pre-norm block
-
 
 class _HandBlock(Block):
     """A :class:`Block` that refuses ``block(x)``: the exercise composes its sub-modules."""
@@ -248,19 +246,6 @@ def vit_param_count(fn: Callable[..., Any]) -> CheckResult:
     return run_check("vit_param_count", fn, cases, _count, known_wrong=_COUNT_WRONGS, expect=WHOLE)
 
 
-# ---------------------------------------------------------------- the post-norm block
-
-
-def _post_norm_no_residual(x: Tensor, b: Block) -> Tensor:
-    x = b.norm1(b.attn(x))
-    return b.norm2(b.mlp(x))
-
-
-def _post_norm_mlp_reads_input(x: Tensor, b: Block) -> Tensor:
-    y = b.norm1(x + b.attn(x))
-    return b.norm2(y + b.mlp(x))
-
-
 def _post_norm_swapped_norms(x: Tensor, b: Block) -> Tensor:
     x = b.norm2(x + b.attn(x))
     return b.norm1(x + b.mlp(x))
@@ -283,12 +268,12 @@ _POST_NORM_WRONGS = (
         "the sum: LN(x + f(x))",
     ),
     KnownWrong(
-        _post_norm_no_residual,
+        lambda x, b: b.norm2(b.mlp(b.norm1(b.attn(x)))),
         "no residual connections: LN(f(x)) replaces the tokens; add the sub-layer's input before the "
         "LayerNorm, LN(x + f(x))",
     ),
     KnownWrong(
-        _post_norm_mlp_reads_input,
+        lambda x, b: b.norm2(b.norm1(x + b.attn(x)) + b.mlp(x)),
         "the MLP reads the block's input; it reads the output of the attention sub-layer: "
         "x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
     ),

@@ -1,16 +1,9 @@
 """The book's visual language for architecture figures, on top of Graphviz.
 
-Why Graphviz: it lays the graph out itself (no coordinates typed by hand), it has been
-maintained since 1991, Colab ships both the ``dot`` program and the ``graphviz`` Python
-package, and a figure is a few lines of nodes and edges that a reader can change. Each
-figure is rendered to a PNG and shown as a cell output, which the built book, Colab and
-GitHub's notebook view all display the same way.
-
-One kind of block has one fill colour and one shape in every chapter. The colours are
-light tints of the Okabe-Ito palette (distinguishable with every common colour-vision
-deficiency) under black text; what a variant changes against ViT is drawn with a thick
-double border and a "new:" prefix, so it stands out without colour too. The background
-is opaque white, so a figure reads the same in the book's light and dark modes.
+Graphviz lays the graph out itself and ships with Colab; a figure is a PNG cell output.
+One kind of block has one fill colour (tints of the colour-blind-safe Okabe-Ito palette)
+and one shape in every chapter; what a variant changes against ViT gets a thick double
+border and a "new:" prefix. The background is opaque white (light and dark modes alike).
 """
 
 from __future__ import annotations
@@ -43,10 +36,7 @@ MUTED = "#555555"
 
 
 def shape_label(shape: Sequence[int], *, names: str | None = None) -> str:
-    """A tensor shape as the figures write it, batch dimension dropped: ``197 × 192``.
-
-    ``names`` (e.g. ``"N × D"``) is appended in parentheses when given.
-    """
+    """A shape without its batch dimension, ``197 × 192``, then ``(names)`` if given."""
     text = " × ".join(str(int(s)) for s in shape)
     return f"{text} ({names})" if names else text
 
@@ -55,16 +45,7 @@ def shape_label(shape: Sequence[int], *, names: str | None = None) -> str:
 class Diagram:
     """A figure being drawn: blocks (nodes), arrows labelled with shapes, and groups.
 
-    Example::
-
-        d = Diagram("vit_tiny_patch16_224", direction="TB")
-        d.block("img", "image", kind="data")
-        d.block("embed", "patch embedding\\nConv2d 16×16, stride 16", kind="embed")
-        d.arrow("img", "embed", shape_label((3, 224, 224)))
-        png = d.png()
-
-    Every text drawn is kept in :attr:`texts`, so a test can check the numbers on a figure
-    against the model they describe.
+    Every text drawn is kept in :attr:`texts`, so a test can check a figure's numbers.
     """
 
     title: str
@@ -78,10 +59,7 @@ class Diagram:
         self._lines.append("  " * (self._depth + 1) + line)
 
     def block(self, name: str, label: str, *, kind: str, changed: bool = False) -> str:
-        """A block of the given ``kind`` (a key of :data:`KINDS`); returns ``name``.
-
-        ``changed=True`` marks what the chapter's variant changes against ViT.
-        """
+        """A block of ``kind`` (a key of :data:`KINDS`), ``changed`` against ViT; returns ``name``."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
         fill, shape = KINDS[kind]

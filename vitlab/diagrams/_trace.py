@@ -11,16 +11,8 @@ import vitlab
 
 
 def trace_shapes(model: nn.Module, input_size: Sequence[int], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """The output shape of each submodule in ``names`` (dotted paths, as in
-    ``model.named_modules()``), batch dimension included, for an input of ``input_size``.
-
-    The pass runs on a zero tensor with ``torch.no_grad()``; a module called several times
-    reports its first call. A module that returns a tuple reports its first element.
-
-    Raises:
-        KeyError: a name is not a submodule of ``model``.
-        RuntimeError: a named module was never called.
-    """
+    """The output shape (batch included) of each submodule in ``names`` on a zero input of
+    ``input_size``: its first call, the first element of a tuple."""
     modules = dict(model.named_modules())
     missing = [n for n in names if n not in modules]
     if missing:
@@ -61,9 +53,8 @@ def trace_shapes(model: nn.Module, input_size: Sequence[int], names: Sequence[st
 def trace_preset(
     name: str, names: Sequence[str], *, meta: bool = True
 ) -> tuple[nn.Module, tuple[int, int, int, int], dict[str, tuple[int, ...]]]:
-    """Preset ``name`` as a figure reads it: the model (on the meta device unless
-    ``meta=False``: shapes need no memory and no random init), the input it was built for
-    ``(1, C, H, W)``, and the output shapes of ``names`` traced on that input."""
+    """Preset ``name``'s model (on the meta device unless ``meta=False``), its input size
+    ``(1, C, H, W)`` and the output shapes of ``names`` traced on it."""
     from vitlab.family import build_on_meta, input_size_of  # imported here: family imports the models
 
     model = build_on_meta(name) if meta else vitlab.create_model(name)

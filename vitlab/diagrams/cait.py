@@ -8,11 +8,7 @@ from vitlab.diagrams._trace import trace_preset
 
 
 def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
-    """CaiT preset ``name``: patch embedding and position embedding without [cls];
-    ``depth`` self-attention blocks (talking heads, LayerScale) over the patches only;
-    ``depth_token_only`` class-attention blocks where the [cls] token alone is updated;
-    final norm over [cls, patches] and the head. Shapes from a traced pass.
-    """
+    """CaiT preset ``name``: self-attention over the patches, then class-attention with [cls]."""
     cfg = vitlab.get_config(name)
     names = ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "blocks_token_only.0", "blocks_token_only.0.mlp.fc1",
              "norm", "head"]  # fmt: skip

@@ -8,12 +8,7 @@ from vitlab.diagrams._trace import trace_preset
 
 
 def crossvit_figure(name: str = "crossvit_tiny_240") -> Diagram:
-    """CrossViT preset ``name``: the S branch (small patches) and the L branch (large
-    patches, on a resized copy) side by side; ``num_encoders`` multi-scale encoders, each
-    with its branch blocks and the two cross-attentions (f, attention over the other
-    branch, g), while the patch tokens bypass the fusion unchanged; a head per branch,
-    averaged. Shapes from a traced pass.
-    """
+    """CrossViT preset ``name``: the S and L branches side by side, fused through their cls tokens."""
     cfg = vitlab.get_config(name)
     names = ["patch_embed.0", "patch_embed.1", "blocks.0.blocks.0", "blocks.0.blocks.1", "blocks.0.projs.0",
              "blocks.0.projs.1", "head.0"]  # fmt: skip

@@ -8,10 +8,7 @@ from vitlab.diagrams._trace import trace_preset
 
 
 def cvt_figure(name: str = "cvt_13") -> Diagram:
-    """CvT preset ``name``: per stage a convolutional token embedding (overlapping conv +
-    LayerNorm) and blocks whose attention makes q, k, v with depthwise convs (k and v
-    squeezed); the cls token joins in the last stage. Shapes from a traced pass.
-    """
+    """CvT preset ``name``: per stage a conv token embedding and conv-projection blocks."""
     cfg = vitlab.get_config(name)
     n = cfg.num_stages
     names = ["head"]

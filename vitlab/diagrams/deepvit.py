@@ -9,10 +9,7 @@ from vitlab.models.deepvit import PatchEmbedCNN
 
 
 def deepvit_figure(name: str = "deepvit_s") -> Diagram:
-    """DeepViT of preset ``name``: convolutional patch stem, [cls] + position embeddings,
-    plain ViT blocks, then the re-attention blocks (softmax maps mixed across the heads by
-    Θ, then a BatchNorm that standardises each head's map on its own), final norm and head. Shapes from a traced pass.
-    """
+    """DeepViT preset ``name``: ViT blocks, then re-attention blocks."""
     cfg = vitlab.get_config(name)
     first_re = cfg.depth - cfg.num_reattention_blocks
     re = f"blocks.{first_re}"

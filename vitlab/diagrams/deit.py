@@ -8,10 +8,7 @@ from vitlab.diagrams._trace import trace_preset
 
 
 def distilled_figure(name: str = "deit_tiny_distilled_patch16_224") -> Diagram:
-    """DeiT⚗ of preset ``name``: patch embedding, the [cls, dist, patches] layout with a
-    position for every token, ``depth`` ViT blocks, and the two heads (class token ->
-    ``head``, distillation token -> ``head_dist``). Shapes from a traced pass.
-    """
+    """DeiT⚗ preset ``name``: [cls, dist, patches], ViT blocks and the two heads."""
     cfg = vitlab.get_config(name)
     if not cfg.distilled:
         raise ValueError(f"{name} has no distillation token; pick a *_distilled_* preset")

@@ -18,13 +18,7 @@ def _gamma(bn: Any) -> str:
 
 
 def levit_figure(name: str = "levit_128s") -> Diagram:
-    """LeViT preset ``name``: on the left, the conv stem, three stages of residual
-    attention-with-bias and MLP blocks (each stage drawn once, "× depth"), shrink attention
-    between stages, mean pooling and the two heads; on the right, inside a block and inside
-    a shrink step: the residual branches end in a BatchNorm whose weight starts at zero,
-    shrink attention has no residual and starts at one. Shapes from a traced pass of a
-    freshly initialised model, whose BatchNorm weights give the initial values.
-    """
+    """LeViT preset ``name`` (freshly initialised: the BatchNorm weights give the initial values)."""
     cfg = vitlab.get_config(name)
     n_stages = len(cfg.depth)
     names = ["stem", "head"] + [f"stages.{i}" for i in range(n_stages)]

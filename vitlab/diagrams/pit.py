@@ -8,11 +8,7 @@ from vitlab.diagrams._trace import trace_preset
 
 
 def pit_figure(name: str = "pit_s_224") -> Diagram:
-    """PiT preset ``name``: the overlapping conv stem, the spatial position embedding, three
-    stages of ViT blocks whose token grid shrinks while the width doubles, and the pooling
-    layer (grouped conv on the grid, Linear on the cls token) between stages. Shapes from a
-    traced pass, heads and depths from the config.
-    """
+    """PiT preset ``name``: three stages of ViT blocks with pooling layers between them."""
     cfg = vitlab.get_config(name)
     n_stages = len(cfg.depth)
     names = ["patch_embed", "head"]

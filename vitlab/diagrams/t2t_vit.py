@@ -11,11 +11,7 @@ _SPLITS = ("soft_split0", "soft_split1", "soft_split2")
 
 
 def t2t_figure(name: str = "t2t_vit_14") -> Diagram:
-    """T2T-ViT preset ``name``: three soft splits (``nn.Unfold``) with a one-head token
-    layer and a re-structurization between them, the Linear to the backbone width, then
-    a ViT backbone with a fixed sinusoidal position embedding. Grids, token counts and
-    widths from a traced pass.
-    """
+    """T2T-ViT preset ``name``: three soft splits, then the ViT backbone."""
     cfg = vitlab.get_config(name)
     prefix = "tokens_to_token."
     names = [prefix + n for n in (*_SPLITS, "attention1", "attention2", "project")]

@@ -15,9 +15,7 @@ from vitlab.layers import patchify
 
 
 def patches_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
-    """Chapter 1: an image becomes tokens. Patch grid, flattened patches, the linear
-    projection (a stride-``P`` convolution), the [cls] token and the position embeddings.
-    """
+    """Chapter 1: an image becomes tokens."""
     cfg = vitlab.get_config(name)
     model, size, shapes = trace_preset(name, ["patch_embed.proj", "patch_embed", "pos_drop"])
     width, grid_h, grid_w = shapes["patch_embed.proj"][1:]
@@ -48,10 +46,7 @@ def patches_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
 
 
 def attention_figure(name: str = "vit_small_patch16_224") -> Diagram:
-    """Chapter 2: the multi-head self-attention of one block of preset ``name``: the
-    fused ``qkv`` projection, the ``(qkv h d)`` split, one head in detail, the merge and
-    ``proj``. Shapes from a traced pass and the model's own attention map.
-    """
+    """Chapter 2: the multi-head self-attention of one block of preset ``name``."""
     model, size, shapes = trace_preset(name, ["blocks.0.norm1", "blocks.0.attn.qkv", "blocks.0.attn"])
     tokens, width = shapes["blocks.0.norm1"][1:]
     qkv_width = shapes["blocks.0.attn.qkv"][-1]
@@ -92,12 +87,7 @@ def attention_figure(name: str = "vit_small_patch16_224") -> Diagram:
 
 
 def encoder_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
-    """The whole ViT of preset ``name``: patch embedding, [cls] + position embeddings,
-    ``depth`` pre-norm blocks, final norm (over all tokens), head on the class token. Shapes from a traced pass.
-
-    Each residual arrow starts where the block's branch starts: the first at the block's
-    input (the residual stream ``x``), the second after the first addition.
-    """
+    """The whole ViT of preset ``name``; each residual arrow starts where its branch starts."""
     cfg = vitlab.get_config(name)
     model, size, shapes = trace_preset(name, ["patch_embed", "blocks.0", "blocks.0.mlp.fc1", "norm", "head"])
     n_patches, width = shapes["patch_embed"][1:]

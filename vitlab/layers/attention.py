@@ -1,9 +1,7 @@
 """Multi-head self-attention with an explicit (teaching) path and a fused path.
 
-The explicit path writes ``softmax(q k^T * scale) v`` out step by step and can return
-the attention map. The fused path calls :func:`torch.nn.functional.scaled_dot_product_attention`,
-which computes the same function without materialising the ``(B, h, N, N)`` map when a
-fast kernel is available. Tests check that both paths agree for every model.
+The explicit path writes ``softmax(q k^T * scale) v`` out and can return the map; the fused
+path calls :func:`torch.nn.functional.scaled_dot_product_attention`. Tests check both agree.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ def explicit_attention(
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, written out.
 
-    ``mask`` is boolean and broadcastable to ``(B, h, N_q, N_k)``; ``True`` means attend.
-    A query row whose keys are all masked attends to nothing and returns zeros
-    (instead of the NaNs that ``softmax`` over ``-inf`` would give).
+    ``mask`` (bool, broadcastable, ``True`` = attend): a row with every key masked returns
+    zeros, not the NaNs of a softmax over ``-inf``.
 
     Shape: q (B, h, N_q, d), k (B, h, N_k, d), v (B, h, N_k, d_v)
     -> out (B, h, N_q, d_v), attn (B, h, N_q, N_k).
@@ -93,19 +90,10 @@ def fused_attention(
 class Attention(nn.Module):
     """Multi-head self-attention (Vaswani et al., 2017) as ViT uses it.
 
-    One ``qkv`` linear layer makes queries, keys and values for every head at once; its
-    output features are ordered ``(qkv h d)`` as in timm and the original JAX code
-    (pitfall 5: ``(h d qkv)`` loads pretrained weights silently wrong).
-
-    Args:
-        dim: token width ``C``.
-        num_heads: number of heads ``h``; ``C`` must be divisible by it.
-        qkv_bias: bias on the ``qkv`` projection.
-        scale: logit scale; ``head_dim**-0.5`` unless a paper says otherwise.
-        fused_attn: use ``F.scaled_dot_product_attention`` (``return_attn=True`` always takes
-            the explicit path). Switch later with :func:`vitlab.set_fused_attention`.
-            ``return_attn=True`` is also how :func:`vitlab.attention_maps`
-            collects the map during a model's forward pass.
+    One ``qkv`` linear layer, its output features ordered ``(qkv h d)`` as in timm and the
+    original JAX code (pitfall 5: ``(h d qkv)`` loads pretrained weights silently wrong).
+    ``scale`` is ``head_dim**-0.5`` unless a paper says otherwise; ``fused_attn`` picks
+    ``F.scaled_dot_product_attention`` (``return_attn=True`` always takes the explicit path).
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
     """

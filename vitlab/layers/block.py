@@ -12,22 +12,9 @@ from vitlab.layers.mlp import Mlp
 class Block(nn.Module):
     """Pre-norm encoder block, as ViT and DeiT use it: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``.
 
-    A paper that changes the block (CaiT's LayerScale, DeepViT's re-attention) writes its
-    own block in its model file.
-
-    Args:
-        dim: token width ``C``.
-        num_heads: attention heads.
-        mlp_ratio: MLP hidden width over ``C`` (4 in ViT, 3 in DeepViT and T2T-ViT).
-        qkv_bias: bias on the ``qkv`` projection.
-        drop: dropout after the attention projection and in the MLP.
-        attn_drop: dropout on the attention weights.
-        drop_path: stochastic depth rate of both residual branches.
-        scale: the attention's logit scale; ``head_dim**-0.5`` unless a paper says
-            otherwise (T2T-ViT's official code scales by the full width).
-        act_layer: MLP activation.
-        norm_eps: LayerNorm epsilon (1e-6 in ViT's JAX code and timm).
-        fused_attn: use ``F.scaled_dot_product_attention`` (see :class:`Attention`).
+    A paper that changes the block (CaiT's LayerScale, DeepViT's re-attention) writes its own
+    in its model file. ``drop`` is the dropout after the attention projection and in the MLP,
+    ``drop_path`` the stochastic depth of both branches, ``norm_eps`` 1e-6 as ViT's JAX code.
 
     Shape: x (B, N, C) -> (B, N, C).
     """
@@ -43,7 +30,6 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         scale: float | None = None,
-        act_layer: type[nn.Module] = nn.GELU,
         norm_eps: float = 1e-6,
         fused_attn: bool = True,
     ) -> None:
@@ -60,7 +46,7 @@ class Block(nn.Module):
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
@@ -76,10 +62,7 @@ class Block(nn.Module):
 
 
 def drop_path_rates(drop_path_rate: float, depth: int) -> list[float]:
-    """Stochastic depth rising linearly from 0 (first block) to ``drop_path_rate`` (last).
-
-    Plain Python, so a model can be built on the ``meta`` device to count parameters.
-    """
+    """Stochastic depth rising linearly from 0 (first block) to ``drop_path_rate`` (last), in plain Python."""
     return [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
 
 
@@ -95,10 +78,7 @@ def encoder_blocks(
     drop_path_rate: float = 0.0,
     fused_attn: bool = True,
 ) -> nn.Sequential:
-    """ViT's stack of ``depth`` pre-norm blocks (``blocks.0`` ... as in timm).
-
-    Shape: x (B, N, C) -> (B, N, C).
-    """
+    """ViT's stack of ``depth`` pre-norm blocks (``blocks.0`` ... as in timm). Shape: x (B, N, C) -> (B, N, C)."""
     return nn.Sequential(
         *[
             Block(

@@ -6,10 +6,7 @@ from torch import Tensor, nn
 
 
 def drop_path(x: Tensor, drop_prob: float = 0.0, training: bool = False) -> Tensor:
-    """Zero the residual branch of random samples and rescale the survivors.
-
-    Shape: x (B, ...) -> (B, ...).
-    """
+    """Zero the residual branch of random samples and rescale the survivors. Shape: x (B, ...) -> (B, ...)."""
     if drop_prob == 0.0 or not training:
         return x
     keep_prob = 1.0 - drop_prob

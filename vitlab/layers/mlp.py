@@ -6,31 +6,17 @@ from torch import Tensor, nn
 
 
 class Mlp(nn.Module):
-    """Linear -> activation -> dropout -> Linear -> dropout.
+    """Linear -> GELU -> dropout -> Linear -> dropout: one hidden layer (pitfall 8).
 
-    One hidden layer (two linear layers), not two hidden layers (pitfall 8). ViT uses
-    ``hidden_features = 4 * in_features`` and GELU.
-
-    Shape: x (B, N, C_in) -> (B, N, C_out).
+    Shape: x (B, N, C) -> (B, N, C).
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int | None = None,
-        out_features: int | None = None,
-        *,
-        act_layer: type[nn.Module] = nn.GELU,
-        bias: bool = True,
-        drop: float = 0.0,
-    ) -> None:
+    def __init__(self, in_features: int, hidden_features: int, *, drop: float = 0.0) -> None:
         super().__init__()
-        hidden_features = hidden_features or in_features
-        out_features = out_features or in_features
-        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
-        self.act = act_layer()
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = nn.GELU()
         self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_features, out_features, bias=bias)
+        self.fc2 = nn.Linear(hidden_features, in_features)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -1,8 +1,7 @@
 """Cut an image into P x P patches and project each one to a D-dimensional token.
 
-Two equivalent implementations: a stride-P convolution (what timm and the JAX code use)
-and an explicit unfold + linear layer (what the paper describes). With the same weights
-they give the same tokens; ``tests/test_layers.py`` proves it.
+Two equivalent implementations: a stride-P convolution (timm, the JAX code) and unfold +
+linear (the paper); with the same weights they give the same tokens (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ def check_image(
 ) -> None:
     """Raise a ``ValueError`` naming expected and actual values if ``x`` does not fit.
 
-    ``img_size`` (if given) is the only size accepted; ``fixed_by`` says what fixes it.
-
-    Shape: x (B, C, H, W).
+    Shape: x (B, C, H, W); ``img_size`` (if given) is the only size accepted, fixed by ``fixed_by``.
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"expected images as a torch.Tensor, got {type(x).__name__}")
@@ -47,9 +44,7 @@ def check_image(
 
 
 def patchify(images: Tensor, patch_size: int) -> Tensor:
-    """Cut images into flattened patches in row-major patch order, pixels ``(p1 p2 c)``.
-
-    This is a reshape: ``H*W*C == N * P*P*C`` values before and after (pitfall 2).
+    """Cut images into flattened patches in row-major order, pixels ``(p1 p2 c)``: a reshape (pitfall 2).
 
     Shape: images (B, C, H, W) -> (B, N, P*P*C), N = (H/P)(W/P).
     """
@@ -65,13 +60,8 @@ def unpatchify(patches: Tensor, patch_size: int, grid_size: tuple[int, int]) -> 
 class PatchEmbed(nn.Module):
     """Patch embedding as a stride-P convolution (timm's ``patch_embed.proj``).
 
-    Args:
-        img_size: the configured image size; ``None`` accepts any size divisible by P.
-        patch_size: P.
-        in_chans: image channels C.
-        embed_dim: token width D.
-        strict_img_size: raise if the input is not ``img_size`` (set when learned position
-            embeddings are built for exactly that grid).
+    ``img_size=None`` accepts any size divisible by P; otherwise only ``img_size`` (for learned
+    position embeddings built for that grid).
 
     Shape: x (B, C, H, W) -> (B, N, D) with N = (H/P)(W/P).
     """
@@ -82,8 +72,6 @@ class PatchEmbed(nn.Module):
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         embed_dim: int = 768,
-        *,
-        strict_img_size: bool = True,
     ) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
@@ -95,16 +83,10 @@ class PatchEmbed(nn.Module):
             self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
             self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.in_chans = in_chans
-        self.strict_img_size = strict_img_size and self.img_size is not None
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
     def forward(self, x: Tensor) -> Tensor:
-        check_image(
-            x,
-            in_chans=self.in_chans,
-            patch_size=self.patch_size,
-            img_size=self.img_size if self.strict_img_size else None,
-        )
+        check_image(x, in_chans=self.in_chans, patch_size=self.patch_size, img_size=self.img_size)
         x = self.proj(x)  # (B, D, H/P, W/P)
         return rearrange(x, "B D h w -> B (h w) D")
 
@@ -112,8 +94,8 @@ class PatchEmbed(nn.Module):
 class UnfoldPatchEmbed(nn.Module):
     """Patch embedding as the paper writes it: unfold into patches, then a linear layer.
 
-    ``F.unfold`` orders each patch's pixels ``(c p1 p2)``, the same order as a flattened
-    conv kernel, so ``proj.weight == conv.weight.reshape(D, -1)`` gives identical tokens.
+    ``F.unfold`` orders a patch's pixels ``(c p1 p2)`` like a flattened conv kernel, so
+    ``proj.weight == conv.weight.reshape(D, -1)`` gives identical tokens.
 
     Shape: x (B, C, H, W) -> (B, N, D).
     """
@@ -144,10 +126,7 @@ class UnfoldPatchEmbed(nn.Module):
 def check_patch_encoder_config(
     *, img_size: int, patch_size: int, embed_dim: int, num_heads: int, in_chans: int, depth: int
 ) -> None:
-    """Validate the hyperparameters every patch-token encoder shares (ViT, DeiT, CaiT).
-
-    Raises ``ValueError`` naming the offending values.
-    """
+    """Validate the hyperparameters every patch-token encoder shares (ViT, DeiT, CaiT)."""
     if img_size % patch_size:
         raise ValueError(
             f"img_size {img_size} is not divisible by patch_size {patch_size} (expected a multiple of {patch_size})"
@@ -158,9 +137,5 @@ def check_patch_encoder_config(
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int) -> int:
-    """Output length of a convolution or unfold: ``floor((size + 2p - k) / s) + 1``.
-
-    The right token-count formula for overlapping patches (pitfall 11): 224 -> 56 -> 28 -> 14
-    for T2T-ViT's soft splits, 224 -> 27 for PiT's stem, 224 -> 56 for CvT's first stage.
-    """
+    """Output length of a convolution or unfold: ``floor((size + 2p - k) / s) + 1`` (pitfall 11)."""
     return (size + 2 * padding - kernel) // stride + 1

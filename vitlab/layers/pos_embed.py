@@ -24,10 +24,7 @@ def sincos_1d_position_embedding(num_positions: int, dim: int, temperature: floa
 
 
 def sincos_2d_position_embedding(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
-    """Fixed 2-D sine-cosine embedding: half the channels encode the row, half the column.
-
-    Shape: -> (H*W, dim), rows in the same row-major order as the patches.
-    """
+    """Fixed 2-D sine-cosine embedding: half the channels the row, half the column. Shape: -> (H*W, dim)."""
     if dim % 4:
         raise ValueError(f"2-D sin-cos position embedding needs dim divisible by 4, got {dim}")
     gh, gw = grid_size
@@ -43,10 +40,7 @@ def sincos_2d_position_embedding(grid_size: tuple[int, int], dim: int, temperatu
 
 
 def learned_position_embedding(num_tokens: int, dim: int, std: float = 0.02) -> nn.Parameter:
-    """A learned table to add to the tokens (ViT), truncated-normal initialised.
-
-    It covers the cls token too, ``(1, N+1, D)``, and is added *after* the linear
-    projection (pitfall 1).
+    """A learned, truncated-normal table covering the cls token too, added after the projection (pitfall 1).
 
     Shape: -> (1, num_tokens, dim).
     """

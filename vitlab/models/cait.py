@@ -61,12 +61,9 @@ class LayerScale(nn.Module):
 
 
 def layer_scale_init_for_depth(depth: int) -> float:
-    """The paper's LayerScale init ε for a network of ``depth`` self-attention blocks.
+    """The paper's LayerScale init ε for ``depth`` self-attention blocks (class-attention not counted).
 
-    CaiT §2: ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper. The same ε is used
-    in *every* block; it depends on the total depth, not on the layer index (pitfall 10).
-    ``depth`` counts the self-attention blocks (the 24 of CaiT-XXS-24), not the two
-    class-attention blocks.
+    CaiT §2: ε = 0.1 up to depth 18, 1e-5 at depth 24, 1e-6 deeper, in *every* block (pitfall 10).
     """
     if isinstance(depth, bool) or not isinstance(depth, int) or depth <= 0:
         raise ValueError(f"depth must be a positive int, got {depth!r}")
@@ -92,21 +89,14 @@ class HeadMixing(nn.Linear):
 class TalkingHeadAttn(nn.Module):
     """Multi-head self-attention with talking heads (CaiT's self-attention blocks).
 
-    ``proj_l`` mixes the H heads' logits before the softmax, ``proj_w`` mixes the
-    attention weights after it; both act on the head axis at every (query, key) pair.
-    Only the explicit path exists: ``F.scaled_dot_product_attention`` computes
-    ``softmax(q k^T) v`` in one call and never exposes the logits or the weights, so there
-    would be nothing to mix. So there is no ``fused_attn`` attribute, and
-    :func:`vitlab.set_fused_attention` leaves this layer alone.
-
-    The map it returns (after ``proj_w``) is a mix of softmax maps: its rows need not sum
-    to 1 and can have negative weights (``attn_kind = "mixed"``).
+    ``proj_l`` mixes the heads' logits before the softmax, ``proj_w`` the weights after it. Only
+    the explicit path exists (the fused kernel exposes neither), and the map it returns need
+    not have rows that sum to 1 (``attn_kind = "mixed"``).
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N).
     """
 
-    # Labels for vitlab.attention_maps: the map mixes the heads, and the softmax
-    # maps before that mixing are the input of proj_w.
+    # For vitlab.attention_maps: the softmax maps before the mixing are proj_w's input.
     attn_kind: ClassVar[AttentionKind] = "mixed"
     unmixed_input: ClassVar[str] = "proj_w"
 
@@ -176,11 +166,7 @@ class LayerScaleBlock(nn.Module):
 
 
 class ClassAttn(nn.Module):
-    """Class-attention: the cls token is the only query over ``[cls, patches]``.
-
-    One query row makes the map ``(1, 1 + N)`` per head instead of ``(N, N)``, so the cost
-    is linear in N. Separate ``q``, ``k``, ``v`` layers, as in the official code and timm.
-    The softmax is the standard one, so both paths exist (``fused_attn``).
+    """Class-attention: the cls token is the only query over ``[cls, patches]`` (linear in N).
 
     Shape: x (B, 1 + N, C), cls token first -> (B, 1, C); attn (B, h, 1, 1 + N).
     """
@@ -264,8 +250,7 @@ class LayerScaleBlockClassAttn(nn.Module):
 class CaiTConfig:
     """Hyperparameters of a CaiT. Defaults are CaiT-XXS-24 at 224 px.
 
-    ``init_values`` is LayerScale's ε; ``None`` picks the paper's value for ``depth``
-    (:func:`layer_scale_init_for_depth`). Read the value in use from ``layer_scale_init``.
+    ``init_values`` is LayerScale's ε; ``None`` picks the paper's value for ``depth``.
     """
 
     img_size: int = 224
@@ -311,16 +296,12 @@ class CaiTConfig:
 
 
 class CaiT(nn.Module):
-    """CaiT: patch embedding + position embedding (patches only), ``depth`` LayerScale
-    blocks with talking-heads self-attention, then ``depth_token_only`` class-attention
-    blocks that bring in the cls token, final LayerNorm, linear head on the cls token.
+    """CaiT: patch and position embedding (patches only), ``depth`` LayerScale blocks with
+    talking heads, ``depth_token_only`` class-attention blocks with the cls token, LayerNorm, head.
 
-    Attention maps (:func:`vitlab.attention_maps`, in forward order): first ``depth``
-    talking-heads maps ``(B, h, N, N)``, rows (queries) and columns (keys) both the N
-    patches in row-major grid order, taken after ``proj_w`` (kind ``"mixed"``: a row need
-    not sum to 1; the softmax maps before the mixing are the record's ``unmixed``); then
-    ``depth_token_only`` class-attention maps ``(B, h, 1, 1 + N)`` (kind ``"class"``): one
-    row, the cls token, over the keys ``[cls, patches]`` (key 0 is the cls token).
+    Attention maps: ``depth`` talking-heads maps ``(B, h, N, N)`` over the patches (kind
+    ``"mixed"``, the softmax maps in ``unmixed``), then ``depth_token_only`` class-attention
+    maps ``(B, h, 1, 1 + N)`` (kind ``"class"``, key 0 the cls token).
 
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
@@ -412,11 +393,7 @@ FAMILY = FamilyInfo(
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: CaiTConfig) -> dict[str, Tensor]:
-    """timm ``Cait`` (or official ``cait_models``) weights -> ``CaiT``.
-
-    timm and the official code store LayerScale as ``gamma_1``/``gamma_2`` on the block;
-    here it is the :class:`LayerScale` module. Every other name is the same.
-    """
+    """timm ``Cait`` (or official) weights -> ``CaiT``: ``gamma_1``/``gamma_2`` -> ``ls1.gamma``/``ls2.gamma``."""
     out = {}
     for key, value in state_dict.items():
         key = key.removeprefix("module.")  # the official checkpoints were saved from DDP

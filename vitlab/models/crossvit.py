@@ -8,14 +8,9 @@ token, projected to the other branch's width (f), is the only query of an attent
 the other branch's patch tokens, and the result is projected back (g). One query makes
 the fusion linear in the number of tokens instead of quadratic.
 
-Reads top to bottom, in the paper's order (Sec. 3.3, Eqs. 5-8): patch stems ->
-cross-attention (Eq. 7) -> cross-attention block (Eq. 6) -> the projections f and g ->
-multi-scale encoder (Eqs. 5-8) -> config -> model -> paper presets -> timm weight
-conversion. Names follow timm's ``crossvit.py`` (``patch_embed``,
-``blocks[k].blocks/projs/fusion/revert_projs``, ``norm``, ``head``), except that the
-cross-attention's ``wq/wk/wv`` are ``q/k/v`` here. The per-branch ``pos_embed`` and
-``cls_token`` are ParameterLists, as in the official code (timm names them
-``pos_embed_0``, ``cls_token_1``, ...).
+In the paper's order (Sec. 3.3, Eqs. 5-8). Names follow timm's ``crossvit.py``, except
+``q/k/v`` for its ``wq/wk/wv`` and the per-branch ``pos_embed`` and ``cls_token`` as
+ParameterLists, as in the official code (:func:`convert_timm` renames).
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ _CONV_STEM = {12: ((3, 0), (1, 1)), 16: ((2, 1), (2, 1))}
 
 
 def resize_image(x: Tensor, size: int) -> Tensor:
-    """Bicubic resize to ``size x size`` as timm's ``scale_image`` and the official code do:
-    ``align_corners=False``, no antialiasing. Unchanged if already that size.
+    """Bicubic resize (``align_corners=False``, no antialiasing), as timm's ``scale_image``.
 
     Shape: x (B, C, H, W) -> (B, C, size, size).
     """
@@ -65,8 +59,7 @@ def resize_image(x: Tensor, size: int) -> Tensor:
 class ConvStem(nn.Module):
     """CrossViT-dagger patch embedding: three convs with ReLU instead of one P x P conv.
 
-    Widths D/4 -> D/2 -> D; overall stride P, so the token grid is the same as
-    :class:`~vitlab.layers.PatchEmbed`'s. P=12: 7x7 s4, 3x3 s3, 3x3 s1; P=16: 7x7 s4, 3x3 s2, 3x3 s2.
+    Widths D/4 -> D/2 -> D, overall stride P (the grid of :class:`~vitlab.layers.PatchEmbed`).
 
     Shape: x (B, C, H, W) -> (B, (H/P)(W/P), D).
     """
@@ -91,10 +84,8 @@ class ConvStem(nn.Module):
 class CrossAttention(nn.Module):
     """Cross-attention (paper Eq. 7): the first token is the only query, over all the tokens.
 
-    For the L branch the input is ``x' = [f(cls_L), S patches]``: ``q = x'_cls W_q``,
-    ``k = x' W_k``, ``v = x' W_v``, ``A = softmax(q k^T / sqrt(C/h))``, ``CA(x') = A v``,
-    then the output projection. One query row makes the map ``(1, 1 + N)`` per head, so
-    the cost is linear in N instead of quadratic.
+    For the L branch ``x' = [f(cls_L), S patches]``: ``q = x'_cls W_q``, ``k = x' W_k``,
+    ``v = x' W_v``, ``CA(x') = softmax(q k^T / sqrt(C/h)) v``, then the output projection.
 
     Shape: x (B, 1 + N, C), query token first -> (B, 1, C); attn (B, h, 1, 1 + N).
     """
@@ -137,9 +128,7 @@ class CrossAttention(nn.Module):
 
 
 class CrossAttentionBlock(nn.Module):
-    """Paper Eq. 6: ``y_cls = x'_cls + CA(LN(x'))``, a pre-norm residual update of the first token only.
-
-    No MLP follows the cross-attention (``has_mlp=False`` in the official code; timm has none).
+    """Paper Eq. 6: ``y_cls = x'_cls + CA(LN(x'))``; no MLP (``has_mlp=False`` in the official code).
 
     Shape: x (B, 1 + N, C) -> (B, 1, C).
     """
@@ -161,10 +150,10 @@ class CrossAttentionBlock(nn.Module):
 
 
 def projection(dim_in: int, dim_out: int) -> nn.Sequential:
-    """f and g, which move a cls token between the branch widths: LN -> GELU -> Linear.
+    """f and g, which move a cls token between the branch widths.
 
-    NOTE(paper): the paper calls f and g projections that align the dimensions; the
-    official code (and timm) make each LayerNorm -> GELU -> Linear, even for equal widths.
+    NOTE(paper): the paper says only "projections"; the official code (and timm) make each
+    LayerNorm -> GELU -> Linear, even for equal widths.
 
     Shape: x (B, 1, dim_in) -> (B, 1, dim_out).
     """
@@ -174,10 +163,9 @@ def projection(dim_in: int, dim_out: int) -> nn.Sequential:
 class MultiScaleBlock(nn.Module):
     """One multi-scale encoder: N blocks on S and M on L, then fusion in both directions.
 
-    For branch i and the other branch j (paper Eqs. 5-8, written for i = L): the cls token
-    is projected to j's width, ``x' = [f(cls_i), patches_j]`` (``projs[i]``, Eq. 5);
-    ``y_cls = f(cls_i) + CA(LN(x'))`` (``fusion[i]``, Eqs. 6-7); ``g(y_cls)`` goes back to
-    i's width and replaces cls_i (``revert_projs[i]``, Eq. 8). Patch tokens pass unchanged.
+    Branch i's cls token goes to j's width, ``x' = [f(cls_i), patches_j]`` (``projs[i]``, Eq. 5),
+    ``y_cls = f(cls_i) + CA(LN(x'))`` (``fusion[i]``, Eqs. 6-7), and ``g(y_cls)`` replaces cls_i
+    (``revert_projs[i]``, Eq. 8). Patch tokens pass unchanged.
 
     Shape: [S (B, 1 + N_S, C_S), L (B, 1 + N_L, C_L)] -> the same shapes.
     """
@@ -288,13 +276,9 @@ class CrossViT(nn.Module):
     """Cross-attention multi-scale Vision Transformer: two ViT branches that swap information
     through their cls tokens; the prediction is the mean of the two heads' logits.
 
-    Attention maps (:func:`vitlab.attention_maps`, in forward order), for each of the K
-    encoders: the S branch's self-attention maps (rows and columns ``[cls_S, S patches]``),
-    the L branch's (``[cls_L, L patches]``), then the two cross-attention maps (kind
-    ``"cross"``, one row: the projected cls token): S's cls over ``[it, L patches]``, then
-    L's over ``[it, S patches]``. Patches in row-major order. Per encoder:
-    N x (B, h_S, 1 + N_S, 1 + N_S), M x (B, h_L, 1 + N_L, 1 + N_L), (B, h_L, 1, 1 + N_L),
-    (B, h_S, 1, 1 + N_S).
+    Attention maps, per encoder: N x (B, h_S, 1 + N_S, 1 + N_S) over ``[cls_S, S patches]``,
+    M x (B, h_L, 1 + N_L, 1 + N_L), then the two cross maps (kind ``"cross"``, one row):
+    S's cls over ``[it, L patches]`` (B, h_L, 1, 1 + N_L), L's over S (B, h_S, 1, 1 + N_S).
 
     Shape: images (B, C, img_size, img_size) -> logits (B, num_classes).
     """
@@ -349,10 +333,8 @@ class CrossViT(nn.Module):
         return [norm(x) for norm, x in zip(self.norm, xs)]
 
     def forward_head(self, xs: list[Tensor], pre_logits: bool = False) -> Tensor:
-        """Each branch's head on its cls token, then the mean of the two logits.
-
-        With ``pre_logits``, or without heads (``num_classes=0``), the two cls tokens
-        concatenated, (B, C_S + C_L), as timm.
+        """Each branch's head on its cls token, then the mean of the two logits; with ``pre_logits``
+        or ``num_classes=0`` the two cls tokens concatenated, (B, C_S + C_L), as timm.
 
         Shape: [(B, 1 + N_S, C_S), (B, 1 + N_L, C_L)] -> (B, num_classes).
         """
@@ -401,12 +383,10 @@ FAMILY = FamilyInfo(
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: CrossViTConfig) -> dict[str, Tensor]:
-    """timm ``CrossVit`` -> ``CrossViT``: ``pos_embed_0`` -> ``pos_embed.0`` (and ``cls_token_i``,
-    as in the official checkpoints), and the cross-attention's ``wq/wk/wv`` -> ``q/k/v``.
-    """
+    """timm ``CrossVit`` -> ``CrossViT``: ``pos_embed_0`` -> ``pos_embed.0`` (``cls_token_i`` too), ``wq`` -> ``q``."""
     renamed = {}
     for key, value in state_dict.items():
         key = re.sub(r"^(pos_embed|cls_token)_(\d)$", r"\1.\2", key)
-        key = re.sub(r"\.attn\.w([qkv])\.", r".attn.\1.", key)  # timm's wq/wk/wv -> q/k/v
+        key = re.sub(r"\.attn\.w([qkv])\.", r".attn.\1.", key)
         renamed[key] = value
     return renamed

@@ -5,11 +5,8 @@ LayerNorm) that shrinks the token map, 224 px -> 56x56 -> 28x28 -> 14x14 tokens,
 widens it, 64 -> 192 -> 384 channels for CvT-13. The blocks make queries, keys and values
 with a *convolutional projection*: a depthwise 3x3 conv + BatchNorm on the 2-D token map,
 then a linear layer. Keys and values use stride 2, so N queries attend to N/4 keys. There
-is no position embedding; the cls token joins only in the last stage.
-
-Reads top to bottom: config -> conv embedding -> conv projection -> attention -> block ->
-stage -> model -> paper presets -> HuggingFace weight conversion. Attribute names follow
-the official microsoft/CvT code (``conv_proj_q``, ``proj_q``, ``proj``, ``norm``, ``head``).
+is no position embedding; the cls token joins only in the last stage. Attribute names
+follow the official microsoft/CvT code.
 """
 
 from __future__ import annotations
@@ -44,11 +41,8 @@ conv_out_size = conv_output_size  # the shared formula, under the name chapter 1
 
 @dataclass(frozen=True, kw_only=True)
 class CvTConfig:
-    """Hyperparameters of a CvT. Defaults are CvT-13 at 224 px.
-
-    Fields in the plural hold one entry per stage. ``img_size`` is the resolution a preset
-    was trained at; with no position embedding the model runs at any size from
-    ``min_img_size`` up.
+    """Hyperparameters of a CvT (one entry per stage in the plural fields). Defaults are CvT-13
+    at 224 px; with no position embedding it runs at any size from ``min_img_size`` up.
     """
 
     img_size: int = 224
@@ -144,11 +138,8 @@ class ConvEmbed(nn.Module):
 
 
 class ConvProjection(nn.Module):
-    """Depthwise conv (one k x k filter per channel, ``groups=C``) + BatchNorm on the token map.
-
-    Each output channel sees only its own input channel (pitfall 17: a conv with
-    ``groups=heads`` would mix channels within a head's group only). The linear q/k/v
-    layer that follows in :class:`ConvAttention` mixes the channels.
+    """Depthwise conv (``groups=C``) + BatchNorm on the token map; the linear q/k/v layer that
+    follows mixes the channels (pitfall 17: ``groups=heads`` would mix within a head's group only).
 
     Shape: x (B, C, H, W) -> (B, H'*W', C), H' = ceil(H / stride).
     """
@@ -164,9 +155,7 @@ class ConvProjection(nn.Module):
 
 class ConvAttention(nn.Module):
     """Multi-head attention with convolutional projections; k and v squeezed by ``stride_kv``.
-
-    The cls token (last stage only) has no place on the 2-D map: it skips the convolution
-    and rejoins q, k and v before the linear projections, as official and HF code do.
+    The cls token (last stage) skips the convolution and rejoins before the linear projections.
 
     Shape: x (B, T + H*W, C) -> (B, T + H*W, C), T = 1 with a cls token else 0;
     attn (B, h, T + H*W, T + H'*W').
@@ -300,10 +289,7 @@ class CvTStage(nn.Module):
         self.blocks = nn.ModuleList([CvTBlock(config, stage=stage, drop_path=r) for r in rates])
 
     def forward_tokens(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """The stage's tokens ``[cls,] map`` after its blocks.
-
-        Shape: x (B, C_in, H, W) -> (B, T + H'*W', D), grid (H', W').
-        """
+        """The stage's tokens ``[cls,] map`` after its blocks. Shape: -> (B, T + H'*W', D), grid (H', W')."""
         x, (H, W) = self.patch_embed(x)  # (B, H*W, D); no position embedding is added
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + H*W, D)
@@ -324,10 +310,9 @@ class CvT(nn.Module):
     """Convolutional vision Transformer: stages of conv embedding + conv-projection blocks,
     then LayerNorm and a linear head on the cls token (or on the mean token without one).
 
-    Attention maps (:func:`vitlab.attention_maps`): one per block, stage after stage. Rows
-    (queries): the stage's tokens ``[cls,] map`` (H x W, row-major); columns (keys): ``[cls,]``
-    the map squeezed by ``stride_kv`` (ceil(H/2) x ceil(W/2)). CvT-13 at 224 px:
-    (B, 1, 3136, 784), 2 x (B, 3, 784, 196), 10 x (B, 6, 197, 50).
+    Attention maps: one per block; rows the stage's ``[cls,] map``, columns ``[cls,]`` the map
+    squeezed by ``stride_kv``. CvT-13 at 224 px: (B, 1, 3136, 784), 2 x (B, 3, 784, 196),
+    10 x (B, 6, 197, 50).
 
     Shape: images (B, C, H, W) -> logits (B, num_classes), any H, W >= ``config.min_img_size``.
     """
@@ -357,11 +342,7 @@ class CvT(nn.Module):
             )
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """The last stage's tokens ``[cls, map]`` (or the map alone), after the final norm.
-
-        Shape: x (B, C, H, W) -> (B, T + H'*W', D), T = 1 with a cls token; (B, 1 + 196, 384)
-        for CvT-13 at 224 px.
-        """
+        """The last stage's tokens after the final norm. Shape: -> (B, T + H'*W', D), (B, 197, 384) for CvT-13."""
         self.check_input(x)
         for stage in self.stages[:-1]:
             x, _ = stage(x)
@@ -369,10 +350,7 @@ class CvT(nn.Module):
         return self.norm(tokens)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Classify the cls token (or the mean token without one).
-
-        Shape: x (B, T + N, D) -> (B, num_classes) ((B, D) with ``pre_logits``).
-        """
+        """Classify the cls token (or the mean token). Shape: (B, T + N, D) -> (B, num_classes) or (B, D)."""
         x = x[:, 0] if self.config.class_token else x.mean(dim=1)
         return x if pre_logits else self.head(x)
 
@@ -428,10 +406,7 @@ _HF_RULES: tuple[tuple[str, str], ...] = (
 
 
 def convert_hf(state_dict: Mapping[str, Tensor], config: CvTConfig) -> dict[str, Tensor]:
-    """HF ``CvtForImageClassification`` weights -> ``CvT`` (BatchNorm statistics included).
-
-    The mapping is built from the rules in ``_HF_RULES``; a key none of them renames raises.
-    """
+    """HF ``CvtForImageClassification`` weights -> ``CvT`` (BatchNorm statistics included) by ``_HF_RULES``."""
     converted = {}
     for key, value in state_dict.items():
         new = key

@@ -5,10 +5,8 @@ In a deep ViT the attention maps of neighbouring blocks become almost the same
 maps of the ``h`` heads of a block with a learnable ``h x h`` matrix θ and normalises the
 result with BatchNorm: ``ReAttention(Q, K, V) = Norm(θ^T softmax(Q K^T / sqrt(d))) V``.
 
-Reads top to bottom: config -> CNN patch stem -> re-attention -> its block -> model -> presets.
 Matches the official code (zhoudaquan/dvit_repo, ``models/deep_vision_transformer.py`` and
-``models/layers.py`` at commit 1ccb152c), parameter names included, so its checkpoints
-load with no renames.
+``models/layers.py`` at commit 1ccb152c), parameter names included.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ STEM_STRIDE = 16  # conv 7x7 stride 2, then conv 8x8 stride 8: one token per 16x
 class DeepViTConfig:
     """Hyperparameters of a DeepViT. Defaults are DeepViT-S (the official ``deepvit_S``).
 
-    ``num_reattention_blocks`` is how many of the *last* blocks use re-attention (the
-    official ``apply_transform = [False] * (depth - k) + [True] * k``); the others use
-    plain attention.
+    The *last* ``num_reattention_blocks`` blocks use re-attention (the official
+    ``apply_transform = [False] * (depth - k) + [True] * k``).
     """
 
     img_size: int = 224
@@ -126,21 +123,16 @@ class PatchEmbedCNN(nn.Module):
 class ReAttention(nn.Module):
     """Re-attention: mix the heads' attention maps with θ (h x h), then BatchNorm over heads.
 
-    ``reatten_matrix`` is a 1x1 ``Conv2d(h, h)``: on a map ``(B, h, N, N)`` it computes
-    ``out[:, g] = sum_h W[g, h] attn[:, h] + b[g]``, i.e. θ^T applied to the head axis
-    (plus a bias, as in the official code). ``var_norm`` is ``BatchNorm2d(h)``: each head's
-    map is normalised over (B, N, N). With ``transform_scale`` the result is multiplied by
-    ``head_dim**-0.5`` once more (official DeepViT-S). Extra parameters: h^2 + h + 2h.
-
-    Only the explicit path exists: the mixing needs the softmax maps of all heads, which
-    ``F.scaled_dot_product_attention`` never materialises. So there is no ``fused_attn``
-    attribute, and :func:`vitlab.set_fused_attention` leaves this module alone.
+    ``reatten_matrix`` is a 1x1 ``Conv2d(h, h)``: θ^T on the head axis, plus a bias as in the
+    official code. ``var_norm`` (``BatchNorm2d(h)``) normalises each head's map over (B, N, N).
+    ``transform_scale`` multiplies by ``head_dim**-0.5`` once more (official DeepViT-S). Only the
+    explicit path exists: the mixing needs every head's softmax map, which the fused kernel
+    never materialises.
 
     Shape: x (B, N, C) -> (B, N, C); attn (B, h, N, N), the re-attended map.
     """
 
-    # Labels for vitlab.attention_maps: the map is a mix of the heads' softmax
-    # maps, and the softmax maps themselves are the input of reatten_matrix.
+    # For vitlab.attention_maps: the softmax maps before the mixing are reatten_matrix's input.
     attn_kind: ClassVar[AttentionKind] = "re-attention"
     unmixed_input: ClassVar[str] = "reatten_matrix"
 
@@ -183,10 +175,8 @@ class ReAttention(nn.Module):
 
 
 class ReAttentionBlock(nn.Module):
-    """The pre-norm block with re-attention in place of self-attention (official ``Block``
-    with ``apply_transform=True``): ``x + ReAttn(LN(x))``, then ``x + MLP(LN(x))``.
+    """The pre-norm block with re-attention (official ``Block`` with ``apply_transform=True``).
 
-    Parameter names as in :class:`vitlab.layers.Block` and the official code.
     Shape: x (B, N, C) -> (B, N, C).
     """
 
@@ -219,16 +209,12 @@ class ReAttentionBlock(nn.Module):
 
 
 class DeepViT(nn.Module):
-    """DeepViT: CNN patch stem, cls token, learned position embedding, pre-norm blocks
-    (plain attention first, re-attention in the last ``num_reattention_blocks``), final
-    LayerNorm, linear head on the cls token.
+    """DeepViT: CNN patch stem, cls token, learned position embedding, pre-norm blocks (the
+    last ``num_reattention_blocks`` with re-attention), final LayerNorm, head on the cls token.
 
-    Attention maps (:func:`vitlab.attention_maps`, one per block in forward order,
-    ``(B, h, 1 + N, 1 + N)``): the map each block multiplies the values with; rows
-    (queries) and columns (keys) index ``[cls, patches]``, patches in row-major grid
-    order. In a re-attention block it is the re-attended map (kind ``"re-attention"``): a
-    mix of the heads' softmax maps normalised by BatchNorm, whose rows need not sum to 1;
-    the softmax maps themselves are the record's ``unmixed``.
+    Attention maps: one per block, ``(B, h, 1 + N, 1 + N)`` over ``[cls, patches]`` (row-major);
+    in a re-attention block the re-attended map (rows need not sum to 1), its softmax maps
+    in ``unmixed``.
 
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
@@ -241,8 +227,6 @@ class DeepViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = learned_position_embedding(config.num_patches + 1, D)
         self.pos_drop = nn.Dropout(config.drop_rate)
-        # Plain blocks first, re-attention in the last num_reattention_blocks (official
-        # apply_transform = [False] * (depth - k) + [True] * k).
         c, first_reattention = config, config.depth - config.num_reattention_blocks
         rates = drop_path_rates(c.drop_path_rate, c.depth)
         self.blocks = nn.Sequential(

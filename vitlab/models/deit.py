@@ -1,17 +1,10 @@
 """DeiT (Touvron et al., 2021): ViT trained data-efficiently, with a distillation token.
 
-A DeiT *is* a ViT: the same config and model (:mod:`vitlab.models.vit`), so this file
-holds only DeiT's presets, its chapter's ``FAMILY`` and the timm conversion. The plain
-DeiT models are ViTs with DeiT's weights. The distilled models (⚗) set
-``distilled=True``: a second learned token, ``dist_token``, right after the cls token,
-attends to the patches like the cls token does, and its output feeds a second head,
-``head_dist``, which is trained to match a teacher's predictions (see
-:mod:`vitlab.distill`). The attribute names follow timm and the official code
-(``patch_embed``, ``cls_token``, ``dist_token``, ``pos_embed``, ``blocks``, ``norm``,
-``head``, ``head_dist``), so timm's weights load with no renames.
-
-The one model file that imports another: DeiT changes ViT's training, not its layers,
-so a second copy of the model would only drift from the first.
+A DeiT *is* a ViT (:mod:`vitlab.models.vit`), so this file holds only DeiT's presets, its
+``FAMILY`` and the timm conversion; it is the one model file that imports another (DeiT
+changes ViT's training, not its layers). The distilled models (⚗) set ``distilled=True``:
+a ``dist_token`` after the cls token feeds a second head, ``head_dist``, trained to match a
+teacher (:mod:`vitlab.distill`). Names follow timm, so its weights load with no renames.
 """
 
 from __future__ import annotations
@@ -51,11 +44,7 @@ FAMILY = FamilyInfo(
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: ViTConfig) -> dict[str, Tensor]:
-    """timm ``VisionTransformer`` / ``VisionTransformerDistilled`` weights -> ``ViT``.
-
-    The names are the same; this checks that the checkpoint has a distillation token
-    exactly when the config asks for one.
-    """
+    """timm ``VisionTransformer(Distilled)`` -> ``ViT``: the same names; checks the distillation token."""
     has_dist = "dist_token" in state_dict
     if has_dist != config.distilled:
         raise ValueError(

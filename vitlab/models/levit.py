@@ -6,11 +6,8 @@ stride 2). There is no position embedding: every attention layer adds a learned 
 *attention bias* indexed by the offset (|dy|, |dx|) between query and key. Every linear
 layer is followed by BatchNorm (it folds into the weights at inference), every activation
 is Hardswish, keys are small (D = 16 or 32) and the MLP ratio is 2. Two heads, ``head``
-and ``head_dist`` (DeiT-style distillation), are averaged at inference.
-
-Reads top to bottom: config -> attention bias -> layers -> model -> paper presets -> timm
-weight conversion. Attribute names follow timm's ``levit.py``; ``convert_timm`` renames
-three of them.
+and ``head_dist`` (DeiT-style distillation), are averaged at inference. Names follow
+timm's ``levit.py`` (:func:`convert_timm` renames three).
 """
 
 from __future__ import annotations
@@ -85,9 +82,8 @@ class LeViTConfig:
 def attention_bias_index(resolution: int, stride: int = 1) -> Tensor:
     """Index into the per-head bias table for every (query, key) pair.
 
-    Keys sit on the ``r x r`` grid, queries on every ``stride``-th point of it. The pair's
-    offset ``(|dy|, |dx|)`` becomes the single index ``|dy| * r + |dx|``, so a table of
-    ``r * r`` entries per head covers every offset (the official code's numbering too).
+    Keys sit on the ``r x r`` grid, queries on every ``stride``-th point; offset ``(|dy|, |dx|)``
+    becomes ``|dy| * r + |dx|`` (the official numbering).
 
     Shape: -> (N_q, N_k), N_k = r * r, N_q = ceil(r / stride) ** 2.
     """
@@ -106,11 +102,8 @@ def conv_norm(in_chans: int, out_chans: int) -> nn.Sequential:
 
 
 class LinearNorm(nn.Module):
-    """Linear without bias, then BatchNorm over the features of all ``B * N`` tokens.
-
-    BatchNorm instead of LayerNorm: at inference it is a fixed affine map that folds into
-    the linear weights, so it costs nothing. ``bn_weight_init=0`` makes a residual branch
-    start as the identity.
+    """Linear without bias, then BatchNorm over the features of all ``B * N`` tokens (it folds
+    into the weights at inference); ``bn_weight_init=0`` starts a residual branch at the identity.
 
     Shape: x (B, N, C_in) -> (B, N, C_out).
     """
@@ -129,13 +122,9 @@ class LinearNorm(nn.Module):
 class LeViTAttention(nn.Module):
     """LeViT attention: ``softmax(q k^T * D**-0.5 + B) v``, Hardswish, BN'd projection.
 
-    ``B`` is the learned bias ``attention_biases[:, attention_bias_idxs]``: one table of
-    ``r * r`` values per head, gathered by query-key offset. It is zero-initialised and
-    added *after* scaling, not rescaled (pitfall 14). With ``stride=2`` this is shrink
-    attention: keys and values see the whole ``r x r`` map, queries every second position.
-
-    ``fused_attn`` picks ``F.scaled_dot_product_attention``, which takes ``B`` as a float
-    ``attn_mask`` and adds it to the scaled logits, or the formula written out.
+    ``B = attention_biases[:, attention_bias_idxs]``, zero-initialised and added *after*
+    scaling, not rescaled (pitfall 14); the fused path passes it as a float ``attn_mask``. With
+    ``stride=2`` this is shrink attention: queries at every second position.
 
     Shape: x (B, r*r, dim) -> (B, ceil(r/stride)**2, out_dim).
     """
@@ -272,16 +261,13 @@ class LeViTStage(nn.Module):
 class LeViT(nn.Module):
     """LeViT: conv stem, three attention stages, mean pooling, two BN + Linear heads.
 
-    Returns ``(head logits, head_dist logits)`` in training mode (for a distillation
-    loss, as the official code) and their mean in eval mode.
+    Returns ``(head logits, head_dist logits)`` in training mode (as the official code) and
+    their mean in eval mode.
     NOTE(paper): timm returns the mean in training too unless ``set_distilled_training``.
 
-    Attention maps (:func:`vitlab.attention_maps`, bias included, in forward order): per
-    stage, the shrink attention first (stages 2 and 3; rows: every second position of the
-    previous stage's map, columns: all of it), then one map per block (rows and columns:
-    the stage's map). All positions in row-major order; there is no cls token. LeViT-128S
-    at 224 px: 2 x (B, 4, 196, 196), (B, 8, 49, 196), 3 x (B, 6, 49, 49), (B, 16, 16, 49),
-    4 x (B, 8, 16, 16).
+    Attention maps (bias included): per stage, the shrink attention (stages 2 and 3; rows every
+    second position of the previous map), then one per block; no cls token. LeViT-128S at 224 px:
+    2 x (B, 4, 196, 196), (B, 8, 49, 196), 3 x (B, 6, 49, 49), (B, 16, 16, 49), 4 x (B, 8, 16, 16).
 
     Shape: images (B, C, H, W) -> logits (B, num_classes), or a pair in distilled training.
     """
@@ -328,10 +314,9 @@ class LeViT(nn.Module):
         return rearrange(x, "B C H W -> B (H W) C")
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Mean-pool the tokens (there is no cls token) and classify with both heads.
+        """Mean-pool the tokens and classify with both heads.
 
-        Shape: x (B, N, C) -> (B, num_classes), or a pair in distilled training; the pooled
-        (B, C) with ``pre_logits``.
+        Shape: x (B, N, C) -> (B, num_classes) [a pair in distilled training], or (B, C) with ``pre_logits``.
         """
         x = x.mean(dim=1)  # (B, C)
         if pre_logits:
@@ -373,11 +358,8 @@ FAMILY = FamilyInfo(
 
 
 def convert_timm(state_dict: Mapping[str, Tensor], config: LeViTConfig) -> dict[str, Tensor]:
-    """timm ``LevitDistilled`` -> ``LeViT``.
-
-    Three renames: the stem's conv is ``conv`` (timm: ``linear``), the projection and the
-    shrink-attention query layer lose timm's ``Sequential`` wrapper (``proj.ln.``, ``q.ln.``).
-    ``attention_bias_idxs`` is recomputed, not loaded.
+    """timm ``LevitDistilled`` -> ``LeViT``: the stem's ``linear`` is ``conv``, and ``proj`` and the
+    shrink query ``q`` lose timm's ``Sequential`` (``.ln.``); ``attention_bias_idxs`` is recomputed.
     """
     out = {}
     for key, value in state_dict.items():

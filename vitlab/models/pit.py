@@ -1,9 +1,7 @@
 """PiT (Heo et al., 2021): a ViT that pools, like a CNN, between three stages.
 
-Spatial tokens shrink 27x27 -> 14x14 -> 7x7 while channels double at each stage. The
-pooling layer is PiT's own: one depthwise (grouped) 3x3 stride-2 conv that doubles the
-channels, and a linear layer for the cls token, which has no spatial position.
-Attribute names follow timm's ``pit.py`` so its weights load unchanged.
+Spatial tokens shrink 27x27 -> 14x14 -> 7x7 while channels double: one depthwise (grouped)
+3x3 stride-2 conv, and a linear layer for the cls token. Names follow timm's ``pit.py``.
 """
 
 from __future__ import annotations
@@ -78,11 +76,8 @@ class PiTConfig:
 
 
 class Pooling(nn.Module):
-    """PiT's pooling layer between stages.
-
-    A grouped conv with ``groups=in_ch`` and ``out_ch = 2 * in_ch``: every input channel
-    makes two output channels from its own 3x3 neighbourhood, with no 1x1 conv after it
-    (pitfall 12). The cls token gets a linear layer to the new width.
+    """PiT's pooling layer: a grouped conv, ``groups=in_ch``, ``out_ch = 2 * in_ch``, with no 1x1 conv
+    after it (pitfall 12); the cls token gets a linear layer to the new width.
 
     Shape: x (B, C, H, W), cls (B, 1, C) -> (B, 2C, ceil(H/2), ceil(W/2)), (B, 1, 2C).
     """
@@ -99,10 +94,7 @@ class Pooling(nn.Module):
 
 
 class Stage(nn.Module):
-    """Optional pooling, then transformer blocks over ``[cls, spatial tokens]``.
-
-    Shape: x (B, C_in, H, W), cls (B, 1, C_in) -> (B, C, H', W'), (B, 1, C).
-    """
+    """Optional pooling, then blocks over ``[cls, spatial tokens]``. Shape: -> (B, C, H', W'), (B, 1, C)."""
 
     def __init__(
         self,
@@ -135,10 +127,7 @@ class Stage(nn.Module):
         )
 
     def tokens(self, x: Tensor, cls_token: Tensor) -> tuple[Tensor, tuple[int, int]]:
-        """Pool, then ``[cls, spatial tokens]`` as one sequence.
-
-        Shape: x (B, C_in, H, W), cls (B, 1, C_in) -> (B, 1 + H'W', C), grid (H', W').
-        """
+        """Pool, then ``[cls, spatial tokens]``. Shape: -> (B, 1 + H'W', C), grid (H', W')."""
         if self.pool is not None:
             x, cls_token = self.pool(x, cls_token)
         H, W = x.shape[-2:]
@@ -154,9 +143,8 @@ class Stage(nn.Module):
 class PiT(nn.Module):
     """Pooling-based Vision Transformer.
 
-    Attention maps (:func:`vitlab.attention_maps`): one per block, stage after stage; rows
-    (queries) and columns (keys) index the stage's tokens ``[cls, spatial map]``, the map in
-    row-major order: depth_i x (B, h_i, 1 + N_i, 1 + N_i), N_i = 729, 196, 49 for PiT-S.
+    Attention maps: one per block over the stage's ``[cls, spatial map]``:
+    depth_i x (B, h_i, 1 + N_i, 1 + N_i), N_i = 729, 196, 49 for PiT-S.
 
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
@@ -198,10 +186,7 @@ class PiT(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)
 
     def embed(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The stem's token map with its position embedding, and the cls token.
-
-        Shape: x (B, C, H, W) -> map (B, C0, 27, 27), cls (B, 1, C0) at 224 px.
-        """
+        """The stem's map plus position embedding, and the cls token. Shape: -> (B, C0, 27, 27), (B, 1, C0)."""
         size = self.config.img_size
         # The spatial position embedding is built for one map size, so only img_size is accepted.
         check_image(
@@ -212,10 +197,7 @@ class PiT(nn.Module):
         return x, self.cls_token.expand(x.shape[0], -1, -1)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """The last stage's tokens ``[cls, 7x7 map]``, after the final norm.
-
-        Shape: x (B, C, H, W) -> (B, 1 + H'W', C_last), (B, 1 + 49, 576) for PiT-S.
-        """
+        """The last stage's ``[cls, 7x7 map]`` after the final norm. Shape: -> (B, 1 + 49, 576) for PiT-S."""
         x, cls_token = self.embed(x)
         for stage in self.transformers[:-1]:
             x, cls_token = stage(x, cls_token)

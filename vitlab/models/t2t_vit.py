@@ -11,12 +11,10 @@ two steps a small attention layer mixes the tokens and their re-structurized ima
         --unfold k3 s2 p1--> (B, 196, 576)                        14 x 14
         -> Linear 576 -> D, [cls], fixed sinusoid position embedding, ViT blocks.
 
-The token layer is a one-head transformer (``t2t_vit_t_*``) or a Performer with linear
-attention (``t2t_vit_*``, the official default). Reads top to bottom: config -> token
-transformer -> token performer -> T2T module -> model -> presets. Matches the official
-code (yitu-opensource/T2T-ViT, ``models/t2t_vit.py``, ``token_transformer.py``,
-``token_performer.py``, ``transformer_block.py`` at commit 0f63dc95), parameter names
-included, so its checkpoints load with no renames.
+The token layer is a one-head transformer (``t2t_vit_t_*``) or a Performer (``t2t_vit_*``).
+Matches the official code (yitu-opensource/T2T-ViT, ``models/t2t_vit.py``,
+``token_transformer.py``, ``token_performer.py``, ``transformer_block.py`` at commit
+0f63dc95), parameter names included.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ unfold_output_size = conv_output_size
 class T2TViTConfig:
     """Hyperparameters of a T2T-ViT. Defaults are T2T-ViT-14 (Performer token layers).
 
-    ``qk_scale`` is the backbone's logit scale: ``"head_dim"`` (textbook, what the official
-    builders use for ``pretrained=False``) or ``"embed_dim"`` (what they switch to for
-    ``pretrained=True``, since the released weights were trained with it).
+    ``qk_scale``: ``"head_dim"`` (the official builders without pretrained weights) or
+    ``"embed_dim"`` (with them: the released weights were trained with it).
     """
 
     img_size: int = 224
@@ -120,11 +117,8 @@ class T2TViTConfig:
 
 
 class TokenAttention(nn.Module):
-    """One-head attention that changes the width, ``dim -> in_dim``, with ``v`` as the skip.
-
-    The input (147 or 576 wide) and output (64 wide) differ, so ``x + attn(x)`` is
-    impossible; the official code adds ``v`` instead. The official layer only works with one
-    head, so this one has no ``num_heads``.
+    """One-head attention that changes the width, ``dim -> in_dim``, with ``v`` as the skip
+    (``x + attn(x)`` is impossible across widths; the official code adds ``v``).
 
     Shape: x (B, N, dim) -> (B, N, in_dim).
     """
@@ -178,10 +172,8 @@ class TokenPerformer(nn.Module):
     """The T2T module's Performer layer (official ``Token_performer``): linear attention.
 
     softmax(q k^T) is approximated by phi(q) phi(k)^T with positive random features
-    ``phi(x) = exp(w x - |x|^2 / 2) / sqrt(m)``, so ``phi(q) (phi(k)^T v)`` costs O(N m d)
-    instead of O(N^2 d). There is no softmax and no logit scale, hence no fused path.
-    ``w`` (m x in_dim, m = in_dim * kernel_ratio) is drawn once and frozen: a parameter
-    with ``requires_grad=False``, as in the official code, so it is saved and counted.
+    ``phi(x) = exp(w x - |x|^2 / 2) / sqrt(m)``: O(N m d) instead of O(N^2 d), no softmax, so no
+    fused path. ``w`` (m x in_dim) is a frozen parameter, as in the official code.
 
     Shape: x (B, N, dim) -> (B, N, in_dim).
     """
@@ -211,11 +203,7 @@ class TokenPerformer(nn.Module):
         return torch.exp(wtx - xd) / math.sqrt(self.m)
 
     def single_attn(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N) when ``return_attn``].
-
-        The map is the one the Performer applies implicitly, ``phi(q) phi(k)^T / D``: written
-        out only on request (O(N^2) memory), never used for the output.
-        """
+        """Shape: x (B, N, dim) -> (B, N, in_dim) [, attn (B, 1, N, N), written out only on request]."""
         k, q, v = torch.split(self.kqv(x), self.emb, dim=-1)  # each (B, N, d)
         kp, qp = self.prm_exp(k), self.prm_exp(q)  # (B, N, m)
         D = torch.einsum("bti,bi->bt", qp, kp.sum(dim=1)).unsqueeze(dim=2)  # normaliser (B, N, 1)
@@ -236,8 +224,7 @@ class TokenPerformer(nn.Module):
 
 
 class T2TModule(nn.Module):
-    """Tokens-to-Token: three soft splits, with a token layer and a re-structurization
-    (tokens -> image) between them, then a Linear to the backbone width.
+    """Three soft splits with a token layer and a re-structurization between them, then a Linear.
 
     Shape: x (B, C, H, W) -> (B, (H/16)(W/16), D).
     """
@@ -260,10 +247,7 @@ class T2TModule(nn.Module):
 
     @staticmethod
     def restructurize(x: Tensor) -> Tensor:
-        """Tokens back to an image, one channel per token feature.
-
-        Shape: x (B, H*W, C) -> (B, C, H, W), with a square grid.
-        """
+        """Tokens back to an image, one channel per feature. Shape: x (B, H*W, C) -> (B, C, H, W)."""
         side = math.isqrt(x.shape[1])
         return rearrange(x, "B (H W) C -> B C H W", H=side, W=side)
 
@@ -280,11 +264,9 @@ class T2TViT(nn.Module):
     """T2T-ViT: the T2T module, then a ViT backbone (cls token, fixed sinusoid position
     embedding, pre-norm blocks with mlp ratio 3 and no qkv bias, LayerNorm, head).
 
-    Attention maps (:func:`vitlab.attention_maps`): first the T2T module's two token layers,
-    one head each, rows and columns the windows of one soft split (56 x 56, then 28 x 28 at
-    224 px, row-major): a token transformer's softmax map, or the map a Performer applies
-    implicitly, ``phi(q) phi(k)^T / D``. Then one map per backbone block, rows and columns
-    ``[cls, patches]``: (B, 1, 3136, 3136), (B, 1, 784, 784), depth x (B, h, 1 + N, 1 + N).
+    Attention maps: the two token layers' (one head, over one soft split's windows: a
+    softmax map, or the Performer's implicit ``phi(q) phi(k)^T / D``), then one per backbone
+    block over ``[cls, patches]``: (B, 1, 3136, 3136), (B, 1, 784, 784), depth x (B, h, 1 + N, 1 + N).
 
     Shape: images (B, C, H, W) -> logits (B, num_classes).
     """
@@ -325,10 +307,7 @@ class T2TViT(nn.Module):
         nn.init.trunc_normal_(self.cls_token, std=0.02)  # official init (ViT's is ~0)
 
     def embed(self, x: Tensor) -> Tensor:
-        """Tokens-to-token, cls token prepended, position embedding added.
-
-        Shape: x (B, C, H, W) -> (B, 1 + N, D).
-        """
+        """Tokens-to-token, cls token, position embedding. Shape: x (B, C, H, W) -> (B, 1 + N, D)."""
         size = self.config.img_size
         # The position embedding is built for one token grid, so only img_size is accepted.
         check_image(x, in_chans=self.config.in_chans, patch_size=(1, 1), img_size=(size, size))

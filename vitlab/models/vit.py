@@ -1,13 +1,8 @@
 """ViT (Dosovitskiy et al., 2021): an image is a sequence of 16x16 patch tokens.
 
-Reads top to bottom: config -> model -> paper presets -> timm weight conversion.
-Attribute names follow timm (``patch_embed``, ``cls_token``, ``pos_embed``, ``blocks``,
-``norm``, ``fc_norm``, ``head``), so timm's weights load with no renames.
-
-DeiT (chapter 4, :mod:`vitlab.models.deit`) is this model with ``distilled=True``: a
-second learned token, ``dist_token``, right after the cls token, and a second head,
-``head_dist``, on it (timm's ``VisionTransformerDistilled`` names). Every line that
-exists only for it says so.
+Attribute names follow timm, so timm's weights load with no renames. DeiT (chapter 4) is
+this model with ``distilled=True`` (timm's ``VisionTransformerDistilled`` names); every line
+that exists only for it says so.
 """
 
 from __future__ import annotations
@@ -95,21 +90,14 @@ class ViT(nn.Module):
     """Vision Transformer: patch embedding, [cls] token, position embedding, pre-norm
     encoder blocks, final LayerNorm, linear head on the cls token.
 
-    With ``global_pool="avg"`` the head reads the mean of the patch tokens instead, and
-    the final LayerNorm moves after the pooling (timm's layout and names: ``norm`` is
-    then the identity and ``fc_norm`` the LayerNorm; with ``"token"`` it is the other
-    way round), so timm's mean-pooled ViTs load with no renames.
+    With ``global_pool="avg"`` the head reads the mean of the patch tokens and the final
+    LayerNorm moves after the pooling (timm's ``fc_norm``; ``norm`` is then the identity).
+    A distilled model (DeiT⚗) returns ``(cls_logits, dist_logits)`` in training mode and their
+    mean in eval mode, as the official ``DistilledVisionTransformer``.
 
-    Attention maps (:func:`vitlab.attention_maps`): one per block, each
-    ``(B, h, prefix + N, prefix + N)``; rows (queries) and columns (keys) index the same
-    tokens, ``[cls, (dist,) patches]``, with the patches in row-major grid order.
+    Attention maps: one per block, ``(B, h, prefix + N, prefix + N)`` over ``[cls, (dist,) patches]``.
 
-    A distilled model (DeiT⚗) returns ``(cls_logits, dist_logits)`` in training mode, so a
-    distillation loss can supervise each head, and their mean in eval mode, as the
-    official ``DistilledVisionTransformer`` does.
-
-    Shape: images (B, C, H, W) -> logits (B, num_classes), or a pair of them when
-    ``config.distilled`` and ``self.training``.
+    Shape: images (B, C, H, W) -> logits (B, num_classes) [a pair in distilled training].
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -168,14 +156,10 @@ class ViT(nn.Module):
         return self.norm(self.blocks(self.embed(x)))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Pool the tokens (the cls token, or the mean of the patch tokens followed by
-        ``fc_norm``) and classify.
+        """Pool (the cls token, or the patch tokens' mean then ``fc_norm``) and classify; a distilled
+        model also classifies the dist token (``pre_logits``: the mean of the two tokens, as timm).
 
-        A distilled model also classifies the dist token with ``head_dist``; with
-        ``pre_logits`` it returns the mean of the cls and dist tokens (as timm).
-
-        Shape: x (B, prefix + N, D) -> (B, num_classes) [a pair in distilled training],
-        or the pooled (B, D) with ``pre_logits``.
+        Shape: x (B, prefix + N, D) -> (B, num_classes) [a pair in distilled training], or (B, D).
         """
         if self.config.global_pool == "avg":
             x_cls = self.fc_norm(x[:, self.num_prefix_tokens :].mean(dim=1))  # (B, D): pool, then norm
