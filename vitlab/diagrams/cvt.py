@@ -47,8 +47,6 @@ def cvt_figure(name: str = "cvt_13") -> Diagram:
         d.arrow(previous, e, arrow)  # outside the group, so the previous block stays outside it
         previous = a
         arrow = shape_label((tokens, width)) if i == n - 1 else "tokens → 2-D map"
-    d.block("head", "LayerNorm,\nLinear head on [cls]", kind="head")
-    d.arrow(previous, "head", arrow)
-    d.block("logits", "logits", kind="data")
-    d.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    d.block("head", "LayerNorm,\nLinear head on [cls]", kind="head", after=previous, along=arrow)
+    d.block("logits", "logits", kind="data", after="head", along=shape_label(shapes["head"][1:]))
     return d

@@ -35,8 +35,7 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
     k, s = conv.kernel_size[0], conv.stride[0]
     chain = " → ".join(str(w) for w in stem_widths)
     stem = f"conv stem: 4 × (Conv {k}×{k},\nstride {s} + BN), Hardswish\nbetween: {chain}"
-    d.block("stem", stem, kind="conv", changed=True)
-    d.arrow("img", "stem", shape_label(size[1:]))
+    d.block("stem", stem, kind="conv", changed=True, after="img", along=shape_label(size[1:]))
     d.block("flat", "flatten: no [cls],\nno position embedding", kind="embed")
     d.arrow("stem", "flat", shape_label((width, side, side)))
     previous = "flat"
@@ -72,8 +71,7 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
         previous = stage
     d.block("pool", "mean over tokens;\nhead + head_dist (BN + Linear),\naveraged", kind="head")
     d.arrow(previous, "pool", shape_label((tokens, width)))
-    d.block("logits", "logits", kind="data")
-    d.arrow("pool", "logits", shape_label(shapes["head"][1:]))
+    d.block("logits", "logits", kind="data", after="pool", along=shape_label(shapes["head"][1:]))
 
     # Right: inside a block and a shrink step, with the initial BatchNorm weights read from the model.
     block = model.stages[0].blocks[0]
@@ -97,7 +95,6 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
         d.block("s_attn", "shrink attention\n(no residual)", kind="attention")
         d.block("s_bn", f"last BN, γ = {one}", kind="norm", changed=True)
         d.block("s_mlp", f"MLP (last BN γ = {zero_mlp})\n+ residual", kind="mlp")
-        d.arrow("s_attn", "s_bn")
-        d.arrow("s_bn", "s_mlp")
+        d.chain("s_attn", "s_bn", "s_mlp")
     d.arrow("b_add2", "s_attn", "end of a stage")
     return d
