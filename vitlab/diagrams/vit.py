@@ -30,11 +30,7 @@ def patches_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
     d.arrow("img", "cut", shape_label(size[1:], names="C × H × W"))
     d.block("flat", "flatten each patch\n(raster order)", kind="embed")
     d.arrow("cut", "flat", shape_label((grid_h, grid_w, p, p, cfg.in_chans)))
-    d.block(
-        "proj",
-        f"linear projection E: {patch_len} → {width}\n= Conv2d {p}×{p}, stride {p}",
-        kind="embed",
-    )
+    d.block("proj", f"linear projection E: {patch_len} → {width}\n= Conv2d {p}×{p}, stride {p}", kind="embed")
     d.arrow("flat", "proj", shape_label((n_patches, patch_len), names="N × P²C"))
     d.block("cls", "prepend the [cls] token", kind="embed")
     d.arrow("proj", "cls", shape_label((n_patches, width), names="N × D"))
