@@ -47,27 +47,16 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
             new_tokens, new_width = shapes[f"stages.{i}.downsample.attn_downsample"][1:]
             hidden = model.stages[i].downsample.mlp.ln1.linear.out_features
             name_ = f"shrink{i}"
-            d.block(
-                name_,
-                f"shrink attention: {shrink.num_heads} heads,\n"
-                f"value {shrink.val_dim}: {tokens} keys → {new_tokens} queries\n"
-                f"+ MLP {new_width} → {hidden} → {new_width}",
-                kind="attention",
-                changed=True,
-            )
-            d.arrow(previous, name_, shape_label((tokens, width)))
+            d.block(name_, f"shrink attention: {shrink.num_heads} heads,\nvalue {shrink.val_dim}: {tokens} keys → "
+                    f"{new_tokens} queries\n+ MLP {new_width} → {hidden} → {new_width}", kind="attention",
+                    changed=True, after=previous, along=shape_label((tokens, width)))  # fmt: skip
             previous, tokens, width = name_, new_tokens, new_width
         attn = blocks[0].attn
         hidden = blocks[0].mlp.ln1.linear.out_features
         stage = f"stage{i}"
-        d.block(
-            stage,
-            f"stage {i + 1}: block × {len(blocks)}\n{attn.num_heads} heads, key {attn.key_dim}, value {attn.val_dim}\n"
-            f"MLP {width} → {hidden} → {width}",
-            kind="attention",
-            changed=True,
-        )
-        d.arrow(previous, stage, shape_label((shapes[f"stages.{i}"][1], width)))
+        d.block(stage, f"stage {i + 1}: block × {len(blocks)}\n{attn.num_heads} heads, key {attn.key_dim}, value "
+                f"{attn.val_dim}\nMLP {width} → {hidden} → {width}", kind="attention", changed=True,
+                after=previous, along=shape_label((shapes[f"stages.{i}"][1], width)))  # fmt: skip
         previous = stage
     d.block("pool", "mean over tokens;\nhead + head_dist (BN + Linear),\naveraged", kind="head")
     d.arrow(previous, "pool", shape_label((tokens, width)))

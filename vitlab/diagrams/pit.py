@@ -31,14 +31,9 @@ def pit_figure(name: str = "pit_s_224") -> Diagram:
         if i > 0:
             _, out_dim, out_side, _ = shapes[f"transformers.{i}.pool"]
             pool = f"pool{i}"
-            d.block(
-                pool,
-                f"pooling: grouped conv 3×3, stride 2\n(groups={width}) {width} → {out_dim} channels;\n"
-                f"[cls]: Linear {width} → {out_dim}",
-                kind="conv",
-                changed=True,
-            )
-            d.arrow(previous, pool, shape_label((side, side)) + " grid")
+            d.block(pool, f"pooling: grouped conv 3×3, stride 2\n(groups={width}) {width} → {out_dim} channels;\n"
+                    f"[cls]: Linear {width} → {out_dim}", kind="conv", changed=True, after=previous,
+                    along=shape_label((side, side)) + " grid")  # fmt: skip
             previous, width, side = pool, out_dim, out_side
         heads = cfg.num_heads[i]
         with d.group(f"stage {i + 1}"):
