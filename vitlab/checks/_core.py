@@ -437,28 +437,21 @@ def _known_wrong(failed: int, answers: Answers, spec: CheckSpec) -> KnownWrong |
     """The known wrong answer that the answer to case ``failed`` matches; of several, the first
     that matches on every case where both run.
     """
-    candidates = []
-    for wrong in spec.known_wrong:
-        try:
-            wrong_answer = _call(wrong.fn, spec.cases[failed])
-        except Exception:  # noqa: BLE001 - a wrong answer that cannot run on this case is not this one
-            continue
-        if problem(answers.cases[failed].value, wrong_answer, spec.expect) is None:
-            candidates.append(wrong)
+    candidates = [wrong for wrong in spec.known_wrong if _matches(wrong, answers, spec, failed, unknown=False)]
     for wrong in candidates if len(candidates) > 1 else ():
         if all(_matches(wrong, answers, spec, number) for number in range(len(spec.cases))):
             return wrong
     return candidates[0] if candidates else None
 
 
-def _matches(wrong: KnownWrong, answers: Answers, spec: CheckSpec, number: int) -> bool:
-    """Whether the answer to case ``number`` is this wrong answer (true where either does not run)."""
+def _matches(wrong: KnownWrong, answers: Answers, spec: CheckSpec, number: int, unknown: bool = True) -> bool:
+    """Whether the answer to case ``number`` is this wrong answer (``unknown`` where either does not run)."""
     if answers.cases[number].error is not None or answers.cases[number].not_implemented:
-        return True
+        return unknown
     try:
         wrong_answer = _call(wrong.fn, spec.cases[number])
     except Exception:  # noqa: BLE001 - no evidence either way from this case
-        return True
+        return unknown
     return problem(answers.cases[number].value, wrong_answer, spec.expect) is None
 
 

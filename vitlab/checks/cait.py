@@ -57,8 +57,7 @@ def layer_scale_init(fn: Callable[..., Any]) -> CheckResult:
             "a depth of exactly 18 (or 24) falls in the wrong range: 0.1 for depth <= 18, 1e-5 for depth <= 24",
         ),
         KnownWrong(
-            lambda i, depth: 1e-5,
-            "epsilon is 1e-5 whatever the depth; it is 0.1 up to depth 18 and 1e-6 beyond 24",
+            lambda i, depth: 1e-5, "epsilon is 1e-5 whatever the depth; it is 0.1 up to depth 18 and 1e-6 beyond 24"
         ),
     ]
     return run_check(

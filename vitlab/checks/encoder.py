@@ -132,10 +132,7 @@ _BLOCK_WRONGS = (
         "attention and MLP both read the block's input (a parallel block); the MLP reads the output of the "
         "attention sub-layer: x = x + attn(norm1(x)), then x = x + mlp(norm2(x))",
     ),
-    KnownWrong(
-        _norm1_twice,
-        "norm1 is used before the MLP too; each sub-layer has its own LayerNorm: mlp(norm2(x))",
-    ),
+    KnownWrong(_norm1_twice, "norm1 is used before the MLP too; each sub-layer has its own LayerNorm: mlp(norm2(x))"),
     KnownWrong(_naive_attention, f"in the attention written out, {NAIVE_SOFTMAX}; or call block.attn"),
 )
 
@@ -278,8 +275,7 @@ _POST_NORM_WRONGS = (
         "x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
     ),
     KnownWrong(
-        _post_norm_swapped_norms,
-        "norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP",
+        _post_norm_swapped_norms, "norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP"
     ),
     KnownWrong(
         _sandwich,

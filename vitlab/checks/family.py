@@ -145,8 +145,7 @@ _FUSION_MAC_WRONGS = (
         "direction at width C_L has 1 + N_L keys, and the one at width C_S has 1 + N_S",
     ),
     KnownWrong(
-        _both(wo=False),
-        "the output projection wo is missing: C_j^2 MACs on the one attended token, in each direction",
+        _both(wo=False), "the output projection wo is missing: C_j^2 MACs on the one attended token, in each direction"
     ),
 )
 

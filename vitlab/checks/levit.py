@@ -149,8 +149,7 @@ def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
             13,
         ),
         KnownWrong(
-            lambda r, s: _shrink_index(r, s).T,
-            "the index is (keys, queries); return one row per query: (N_q, r * r)",
+            lambda r, s: _shrink_index(r, s).T, "the index is (keys, queries); return one row per query: (N_q, r * r)"
         ),
     ]
     return run_check("levit_shrink_bias_indices", fn, cases, _shrink_index, known_wrong=wrongs, expect=INDEX)

@@ -115,8 +115,7 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
             "the result is (B, C*k*k, L), what F.unfold gives; transpose it to tokens first, (B, L, C*k*k)",
         ),
         KnownWrong(
-            lambda x, k, s, p: _soft_split(x, k, s, 0),
-            "the padding is missing; pass padding= to F.unfold / nn.Unfold",
+            lambda x, k, s, p: _soft_split(x, k, s, 0), "the padding is missing; pass padding= to F.unfold / nn.Unfold"
         ),
         KnownWrong(
             lambda x, k, s, p: rearrange(_soft_split(x, k, s, p), "B L (C k1 k2) -> B L (k1 k2 C)", k1=k, k2=k),
@@ -162,8 +161,7 @@ _GRID_RIGHT = "each side is floor((n + 2p - k) / stride) + 1, applied to the pre
 
 _T2T_GRID_WRONGS = (
     KnownWrong(
-        lambda h, w: _t2t_grids(h, h),
-        f"the width was counted from the height (a square image assumed); {_GRID_RIGHT}",
+        lambda h, w: _t2t_grids(h, h), f"the width was counted from the height (a square image assumed); {_GRID_RIGHT}"
     ),
     KnownWrong(
         lambda h, w: _t2t_grids(h, w).flip(-1),

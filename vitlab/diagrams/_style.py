@@ -58,8 +58,11 @@ class Diagram:
     def _add(self, line: str) -> None:
         self._lines.append("  " * (self._depth + 1) + line)
 
-    def block(self, name: str, label: str, *, kind: str, changed: bool = False) -> str:
-        """A block of ``kind`` (a key of :data:`KINDS`), ``changed`` against ViT; returns ``name``."""
+    def block(
+        self, name: str, label: str, *, kind: str, changed: bool = False, after: str | None = None, along: str = ""
+    ) -> str:
+        """A block of ``kind`` (a key of :data:`KINDS`), ``changed`` against ViT; returns ``name``.
+        With ``after``, an arrow from ``after`` to it follows, labelled ``along``."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
         fill, shape = KINDS[kind]
@@ -74,7 +77,14 @@ class Diagram:
         if changed:
             attrs += [f'color="{CHANGED_COLOR}"', "penwidth=3", "peripheries=2"]
         self._add(f"{_quote(name)} [{', '.join(attrs)}];")
+        if after is not None:
+            self.arrow(after, name, along)
         return name
+
+    def chain(self, *names: str) -> None:
+        """Unlabelled arrows from each of ``names`` to the next."""
+        for tail, head in zip(names, names[1:]):
+            self.arrow(tail, head)
 
     def op(self, name: str, symbol: str) -> str:
         """A small circle with one symbol: ``+`` (residual add), ``×``, ``cat``."""

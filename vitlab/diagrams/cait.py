@@ -33,9 +33,7 @@ def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
         d_.block("mlp", f"LayerNorm → MLP\n{width} → {hidden} → {width}", kind="mlp")
         d_.block("ls2", f"LayerScale ×γ (γ₀ = {eps}), then +", kind="norm", changed=True)
     d_.arrow("pos", "sa", shape_label((n_patches, width)))
-    d_.arrow("sa", "ls1")
-    d_.arrow("ls1", "mlp")
-    d_.arrow("mlp", "ls2")
+    d_.chain("sa", "ls1", "mlp", "ls2")
     d_.arrow("pos", "ls1", dashed=True, constraint=False)  # the residual stream
     d_.arrow("ls1", "ls2", dashed=True, constraint=False)
     d_.block("cls", "[cls] token", kind="embed")
@@ -55,6 +53,5 @@ def cait_figure(name: str = "cait_xxs24_224") -> Diagram:
     features = shape_label(shapes["norm"][1:])  # [cls, patches] after the final LayerNorm
     d_.block("norm", f"concat [cls, patches], {features}\n→ LayerNorm → Linear head on [cls]", kind="head")
     d_.arrow("ls4", "norm", shape_label(cls_shape))
-    d_.block("logits", "logits", kind="data")
-    d_.arrow("norm", "logits", shape_label(shapes["head"][1:]))
+    d_.block("logits", "logits", kind="data", after="norm", along=shape_label(shapes["head"][1:]))
     return d_

@@ -35,20 +35,13 @@ def cvt_figure(name: str = "cvt_13") -> Diagram:
                 label += f"\nthen prepend [cls]: {n_tokens} + {tokens - n_tokens} tokens"
             d.block(e, label, kind="embed", changed=True)
             a = f"blocks{i}"
-            d.block(
-                a,
-                f"block × {cfg.depth[i]}: conv projection:\ndepthwise {q_k}×{q_k} + BN (k, v stride {cfg.stride_kv}),"
-                f"\nthen Linear q, k, v; {heads} head{'s' if heads > 1 else ''}:\n{tokens} queries, {keys} keys;"
-                f" MLP {width} → {hidden} → {width}",
-                kind="attention",
-                changed=True,
-            )
-            d.arrow(e, a, shape_label((tokens, width)))
+            d.block(a, f"block × {cfg.depth[i]}: conv projection:\ndepthwise {q_k}×{q_k} + BN (k, v stride "
+                    f"{cfg.stride_kv}),\nthen Linear q, k, v; {heads} head{'s' if heads > 1 else ''}:\n{tokens} "
+                    f"queries, {keys} keys; MLP {width} → {hidden} → {width}", kind="attention", changed=True,
+                    after=e, along=shape_label((tokens, width)))  # fmt: skip
         d.arrow(previous, e, arrow)  # outside the group, so the previous block stays outside it
         previous = a
         arrow = shape_label((tokens, width)) if i == n - 1 else "tokens → 2-D map"
-    d.block("head", "LayerNorm,\nLinear head on [cls]", kind="head")
-    d.arrow(previous, "head", arrow)
-    d.block("logits", "logits", kind="data")
-    d.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    d.block("head", "LayerNorm,\nLinear head on [cls]", kind="head", after=previous, along=arrow)
+    d.block("logits", "logits", kind="data", after="head", along=shape_label(shapes["head"][1:]))
     return d

@@ -46,8 +46,6 @@ def deepvit_figure(name: str = "deepvit_s") -> Diagram:
     d.arrow("mix", "bn", shape_label(maps))
     d.arrow("bn", "av", shape_label(maps))
     d.arrow("av", "mlp")
-    d.block("norm", "LayerNorm, head on [cls]", kind="head")
-    d.arrow("mlp", "norm", shape_label((tokens, width)))
-    d.block("logits", "logits", kind="data")
-    d.arrow("norm", "logits", shape_label(shapes["head"][1:]))
+    d.block("norm", "LayerNorm, head on [cls]", kind="head", after="mlp", along=shape_label((tokens, width)))
+    d.block("logits", "logits", kind="data", after="norm", along=shape_label(shapes["head"][1:]))
     return d

@@ -31,8 +31,7 @@ def distilled_figure(name: str = "deit_tiny_distilled_patch16_224") -> Diagram:
         d.block("mlp", f"LayerNorm, MLP\n{width} → {hidden} → {width}, +", kind="mlp")
     d.arrow("tokens", "attn", shape_label((tokens, width)))
     d.arrow("attn", "mlp")
-    d.block("norm", "LayerNorm", kind="norm")
-    d.arrow("mlp", "norm", shape_label((tokens, width)))
+    d.block("norm", "LayerNorm", kind="norm", after="mlp", along=shape_label((tokens, width)))
     with d.same_rank():
         d.block("head", "head\non token 0 [cls]", kind="head")
         d.block("head_dist", "head_dist\non token 1 [dist]", kind="head", changed=True)

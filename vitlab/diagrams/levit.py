@@ -35,8 +35,7 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
     k, s = conv.kernel_size[0], conv.stride[0]
     chain = " → ".join(str(w) for w in stem_widths)
     stem = f"conv stem: 4 × (Conv {k}×{k},\nstride {s} + BN), Hardswish\nbetween: {chain}"
-    d.block("stem", stem, kind="conv", changed=True)
-    d.arrow("img", "stem", shape_label(size[1:]))
+    d.block("stem", stem, kind="conv", changed=True, after="img", along=shape_label(size[1:]))
     d.block("flat", "flatten: no [cls],\nno position embedding", kind="embed")
     d.arrow("stem", "flat", shape_label((width, side, side)))
     previous = "flat"
@@ -48,32 +47,20 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
             new_tokens, new_width = shapes[f"stages.{i}.downsample.attn_downsample"][1:]
             hidden = model.stages[i].downsample.mlp.ln1.linear.out_features
             name_ = f"shrink{i}"
-            d.block(
-                name_,
-                f"shrink attention: {shrink.num_heads} heads,\n"
-                f"value {shrink.val_dim}: {tokens} keys → {new_tokens} queries\n"
-                f"+ MLP {new_width} → {hidden} → {new_width}",
-                kind="attention",
-                changed=True,
-            )
-            d.arrow(previous, name_, shape_label((tokens, width)))
+            d.block(name_, f"shrink attention: {shrink.num_heads} heads,\nvalue {shrink.val_dim}: {tokens} keys → "
+                    f"{new_tokens} queries\n+ MLP {new_width} → {hidden} → {new_width}", kind="attention",
+                    changed=True, after=previous, along=shape_label((tokens, width)))  # fmt: skip
             previous, tokens, width = name_, new_tokens, new_width
         attn = blocks[0].attn
         hidden = blocks[0].mlp.ln1.linear.out_features
         stage = f"stage{i}"
-        d.block(
-            stage,
-            f"stage {i + 1}: block × {len(blocks)}\n{attn.num_heads} heads, key {attn.key_dim}, value {attn.val_dim}\n"
-            f"MLP {width} → {hidden} → {width}",
-            kind="attention",
-            changed=True,
-        )
-        d.arrow(previous, stage, shape_label((shapes[f"stages.{i}"][1], width)))
+        d.block(stage, f"stage {i + 1}: block × {len(blocks)}\n{attn.num_heads} heads, key {attn.key_dim}, value "
+                f"{attn.val_dim}\nMLP {width} → {hidden} → {width}", kind="attention", changed=True,
+                after=previous, along=shape_label((shapes[f"stages.{i}"][1], width)))  # fmt: skip
         previous = stage
     d.block("pool", "mean over tokens;\nhead + head_dist (BN + Linear),\naveraged", kind="head")
     d.arrow(previous, "pool", shape_label((tokens, width)))
-    d.block("logits", "logits", kind="data")
-    d.arrow("pool", "logits", shape_label(shapes["head"][1:]))
+    d.block("logits", "logits", kind="data", after="pool", along=shape_label(shapes["head"][1:]))
 
     # Right: inside a block and a shrink step, with the initial BatchNorm weights read from the model.
     block = model.stages[0].blocks[0]
@@ -97,7 +84,6 @@ def levit_figure(name: str = "levit_128s") -> Diagram:
         d.block("s_attn", "shrink attention\n(no residual)", kind="attention")
         d.block("s_bn", f"last BN, γ = {one}", kind="norm", changed=True)
         d.block("s_mlp", f"MLP (last BN γ = {zero_mlp})\n+ residual", kind="mlp")
-        d.arrow("s_attn", "s_bn")
-        d.arrow("s_bn", "s_mlp")
+        d.chain("s_attn", "s_bn", "s_mlp")
     d.arrow("b_add2", "s_attn", "end of a stage")
     return d

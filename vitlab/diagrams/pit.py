@@ -24,22 +24,16 @@ def pit_figure(name: str = "pit_s_224") -> Diagram:
     d.arrow("img", "stem", shape_label(size[1:]))
     d.block("pos", f"+ spatial position embedding\n{shape_label((width, side, side))}", kind="embed", changed=True)
     d.arrow("stem", "pos", shape_label((width, side, side)))
-    d.block("cls", "flatten the grid,\nprepend [cls]", kind="embed")
-    d.arrow("pos", "cls")
+    d.block("cls", "flatten the grid,\nprepend [cls]", kind="embed", after="pos")
     previous = "cls"
     for i in range(n_stages):
         tokens, dim = shapes[f"transformers.{i}.blocks.0"][1:]
         if i > 0:
             _, out_dim, out_side, _ = shapes[f"transformers.{i}.pool"]
             pool = f"pool{i}"
-            d.block(
-                pool,
-                f"pooling: grouped conv 3×3, stride 2\n(groups={width}) {width} → {out_dim} channels;\n"
-                f"[cls]: Linear {width} → {out_dim}",
-                kind="conv",
-                changed=True,
-            )
-            d.arrow(previous, pool, shape_label((side, side)) + " grid")
+            d.block(pool, f"pooling: grouped conv 3×3, stride 2\n(groups={width}) {width} → {out_dim} channels;\n"
+                    f"[cls]: Linear {width} → {out_dim}", kind="conv", changed=True, after=previous,
+                    along=shape_label((side, side)) + " grid")  # fmt: skip
             previous, width, side = pool, out_dim, out_side
         heads = cfg.num_heads[i]
         with d.group(f"stage {i + 1}"):
@@ -50,6 +44,5 @@ def pit_figure(name: str = "pit_s_224") -> Diagram:
         previous = block
     d.block("norm", "LayerNorm,\nLinear head on [cls]", kind="head")
     d.arrow(previous, "norm", shape_label((width,)) + " ([cls])")
-    d.block("logits", "logits", kind="data")
-    d.arrow("norm", "logits", shape_label(shapes["head"][1:]))
+    d.block("logits", "logits", kind="data", after="norm", along=shape_label(shapes["head"][1:]))
     return d

@@ -55,8 +55,6 @@ def t2t_figure(name: str = "t2t_vit_14") -> Diagram:
         d.block("mlp", f"LayerNorm → MLP\n{dim} → {hidden} → {dim}", kind="mlp")
     d.arrow("cls", "attn", shape_label((tokens, dim)))
     d.arrow("attn", "mlp")
-    d.block("head", "LayerNorm → Linear head\non [cls]", kind="head")
-    d.arrow("mlp", "head", shape_label((tokens, dim)))
-    d.block("logits", "logits", kind="data")
-    d.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    d.block("head", "LayerNorm → Linear head\non [cls]", kind="head", after="mlp", along=shape_label((tokens, dim)))
+    d.block("logits", "logits", kind="data", after="head", along=shape_label(shapes["head"][1:]))
     return d

@@ -30,18 +30,13 @@ def patches_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
     d.arrow("img", "cut", shape_label(size[1:], names="C × H × W"))
     d.block("flat", "flatten each patch\n(raster order)", kind="embed")
     d.arrow("cut", "flat", shape_label((grid_h, grid_w, p, p, cfg.in_chans)))
-    d.block(
-        "proj",
-        f"linear projection E: {patch_len} → {width}\n= Conv2d {p}×{p}, stride {p}",
-        kind="embed",
-    )
+    d.block("proj", f"linear projection E: {patch_len} → {width}\n= Conv2d {p}×{p}, stride {p}", kind="embed")
     d.arrow("flat", "proj", shape_label((n_patches, patch_len), names="N × P²C"))
     d.block("cls", "prepend the [cls] token", kind="embed")
     d.arrow("proj", "cls", shape_label((n_patches, width), names="N × D"))
     d.block("pos", f"+ position embeddings\n{shape_label((tokens, width))}", kind="embed")
     d.arrow("cls", "pos", shape_label((tokens, width)))
-    d.block("enc", "to the encoder", kind="data")
-    d.arrow("pos", "enc", shape_label((tokens, width), names="(1 + N) × D"))
+    d.block("enc", "to the encoder", kind="data", after="pos", along=shape_label((tokens, width), names="(1 + N) × D"))
     return d
 
 
@@ -81,8 +76,7 @@ def attention_figure(name: str = "vit_small_patch16_224") -> Diagram:
     d.arrow("av", "merge", shape_label((tokens, head_dim)))
     d.block("proj", f"proj: Linear {width} → {width}", kind="attention")
     d.arrow("merge", "proj", shape_label((tokens, heads * head_dim), names="h·d = C"))
-    d.block("out", "output", kind="data")
-    d.arrow("proj", "out", shape_label(shapes["blocks.0.attn"][1:]))
+    d.block("out", "output", kind="data", after="proj", along=shape_label(shapes["blocks.0.attn"][1:]))
     return d
 
 
@@ -111,20 +105,13 @@ def encoder_figure(name: str = "vit_tiny_patch16_224") -> Diagram:
         d.block("mlp", f"MLP {width} → {hidden} → {width}\nGELU", kind="mlp")
         d.op("add2", "+")
     d.arrow("cls", "x_in", shape_label((tokens, width)))
-    d.arrow("x_in", "ln1")
-    d.arrow("ln1", "attn")
-    d.arrow("attn", "add1")
+    d.chain("x_in", "ln1", "attn", "add1")
     d.arrow("x_in", "add1", dashed=True, constraint=False)
-    d.arrow("add1", "ln2")
-    d.arrow("ln2", "mlp")
-    d.arrow("mlp", "add2")
+    d.chain("add1", "ln2", "mlp", "add2")
     d.arrow("add1", "add2", dashed=True, constraint=False)
-    d.block("norm", "LayerNorm", kind="norm")
-    d.arrow("add2", "norm", shape_label((tokens, width)))
+    d.block("norm", "LayerNorm", kind="norm", after="add2", along=shape_label((tokens, width)))
     d.block("pick", "take the [cls] token", kind="data")
     d.arrow("norm", "pick", shape_label((tokens, width)))  # the final LayerNorm sees every token
-    d.block("head", "Linear head", kind="head")
-    d.arrow("pick", "head", shape_label((width,)))
-    d.block("logits", "logits", kind="data")
-    d.arrow("head", "logits", shape_label(shapes["head"][1:]))
+    d.block("head", "Linear head", kind="head", after="pick", along=shape_label((width,)))
+    d.block("logits", "logits", kind="data", after="head", along=shape_label(shapes["head"][1:]))
     return d

@@ -38,13 +38,7 @@ def with_attn(out: Tensor, attn: Tensor | None, return_attn: bool) -> Tensor | t
 
 
 def explicit_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    scale: float,
-    mask: Tensor | None = None,
-    attn_drop: nn.Module | None = None,
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tensor | None = None, attn_drop: nn.Module | None = None
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, written out.
 
@@ -68,13 +62,7 @@ def explicit_attention(
 
 
 def fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    scale: float,
-    mask: Tensor | None = None,
-    dropout_p: float = 0.0,
+    q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> Tensor:
     """The same function as :func:`explicit_attention` through PyTorch's fused kernel.
 
@@ -100,17 +88,8 @@ class Attention(nn.Module):
 
     attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
-    def __init__(
-        self,
-        dim: int,
-        *,
-        num_heads: int = 8,
-        qkv_bias: bool = True,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        scale: float | None = None,
-        fused_attn: bool = True,
-    ) -> None:
+    def __init__(self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
+                 proj_drop: float = 0.0, scale: float | None = None, fused_attn: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)

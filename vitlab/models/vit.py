@@ -51,14 +51,8 @@ class ViTConfig:
     fused_attn: bool = True
 
     def __post_init__(self) -> None:
-        check_patch_encoder_config(
-            img_size=self.img_size,
-            patch_size=self.patch_size,
-            embed_dim=self.embed_dim,
-            num_heads=self.num_heads,
-            in_chans=self.in_chans,
-            depth=self.depth,
-        )
+        check_patch_encoder_config(img_size=self.img_size, patch_size=self.patch_size, embed_dim=self.embed_dim,
+                                   num_heads=self.num_heads, in_chans=self.in_chans, depth=self.depth)  # fmt: skip
         check_num_classes(self.num_classes)
         if self.global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
