@@ -88,8 +88,17 @@ class Attention(nn.Module):
 
     attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
-    def __init__(self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, scale: float | None = None, fused_attn: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        scale: float | None = None,
+        fused_attn: bool = True,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)

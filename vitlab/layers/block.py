@@ -19,9 +19,20 @@ class Block(nn.Module):
     Shape: x (B, N, C) -> (B, N, C).
     """
 
-    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
-                 attn_drop: float = 0.0, drop_path: float = 0.0, scale: float | None = None, norm_eps: float = 1e-6,
-                 fused_attn: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        scale: float | None = None,
+        norm_eps: float = 1e-6,
+        fused_attn: bool = True,
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(

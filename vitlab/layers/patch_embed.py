@@ -18,8 +18,14 @@ def to_2tuple(x: int | tuple[int, int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
 
 
-def check_image(x: Tensor, *, in_chans: int, patch_size: tuple[int, int], img_size: tuple[int, int] | None = None,
-                fixed_by: str = "the position embeddings") -> None:  # fmt: skip
+def check_image(
+    x: Tensor,
+    *,
+    in_chans: int,
+    patch_size: tuple[int, int],
+    img_size: tuple[int, int] | None = None,
+    fixed_by: str = "the position embeddings",
+) -> None:
     """Raise a ``ValueError`` naming expected and actual values if ``x`` does not fit.
 
     Shape: x (B, C, H, W); ``img_size`` (if given) is the only size accepted, fixed by ``fixed_by``.
@@ -60,8 +66,13 @@ class PatchEmbed(nn.Module):
     Shape: x (B, C, H, W) -> (B, N, D) with N = (H/P)(W/P).
     """
 
-    def __init__(self, img_size: int | tuple[int, int] | None = 224, patch_size: int | tuple[int, int] = 16,
-                 in_chans: int = 3, embed_dim: int = 768) -> None:  # fmt: skip
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] | None = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
         super().__init__()
         self.patch_size = to_2tuple(patch_size)
         self.img_size = to_2tuple(img_size) if img_size is not None else None

@@ -136,8 +136,18 @@ class LayerScaleBlock(nn.Module):
     Shape: x (B, N, C) -> (B, N, C).
     """
 
-    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True, drop: float = 0.0,
-                 attn_drop: float = 0.0, drop_path: float = 0.0, init_values: float = 1e-5) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float = 1e-5,
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = TalkingHeadAttn(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
@@ -163,8 +173,16 @@ class ClassAttn(nn.Module):
 
     attn_kind: ClassVar[AttentionKind] = "class"  # its map's label (vitlab.attention_maps)
 
-    def __init__(self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, fused_attn: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
@@ -200,8 +218,16 @@ class LayerScaleBlockClassAttn(nn.Module):
     Shape: x (B, N, C) patches, x_cls (B, 1, C) -> (B, 1, C).
     """
 
-    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
-                 init_values: float = 1e-5, fused_attn: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float = 1e-5,
+        fused_attn: bool = True,
+    ) -> None:
         super().__init__()
         # No dropout and no drop path here: the official code builds these blocks with 0.
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)

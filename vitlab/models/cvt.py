@@ -163,9 +163,20 @@ class ConvAttention(nn.Module):
 
     attn_kind: ClassVar[AttentionKind] = "self"  # its map's label (vitlab.attention_maps)
 
-    def __init__(self, dim: int, *, num_heads: int, kernel_size: int = 3, stride_kv: int = 2, qkv_bias: bool = True,
-                 with_cls_token: bool = False, qk_scale: Literal["embed_dim", "head_dim"] = "embed_dim",
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, fused_attn: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        kernel_size: int = 3,
+        stride_kv: int = 2,
+        qkv_bias: bool = True,
+        with_cls_token: bool = False,
+        qk_scale: Literal["embed_dim", "head_dim"] = "embed_dim",
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+    ) -> None:
         super().__init__()
         if qk_scale not in ("embed_dim", "head_dim"):
             raise ValueError(f"qk_scale must be 'embed_dim' or 'head_dim', got {qk_scale!r}")

@@ -136,8 +136,16 @@ class ReAttention(nn.Module):
     attn_kind: ClassVar[AttentionKind] = "re-attention"
     unmixed_input: ClassVar[str] = "reatten_matrix"
 
-    def __init__(self, dim: int, *, num_heads: int = 8, qkv_bias: bool = True, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, transform_scale: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        transform_scale: bool = False,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = check_heads(dim, num_heads)
@@ -172,8 +180,18 @@ class ReAttentionBlock(nn.Module):
     Shape: x (B, N, C) -> (B, N, C).
     """
 
-    def __init__(self, dim: int, *, num_heads: int, mlp_ratio: float = 3.0, qkv_bias: bool = True, drop: float = 0.0,
-                 attn_drop: float = 0.0, drop_path: float = 0.0, transform_scale: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_heads: int,
+        mlp_ratio: float = 3.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        transform_scale: bool = False,
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = ReAttention(

@@ -96,8 +96,19 @@ class Pooling(nn.Module):
 class Stage(nn.Module):
     """Optional pooling, then blocks over ``[cls, spatial tokens]``. Shape: -> (B, C, H', W'), (B, 1, C)."""
 
-    def __init__(self, dim: int, *, depth: int, num_heads: int, mlp_ratio: float, pool: Pooling | None, drop: float,
-                 attn_drop: float, drop_path: list[float], fused_attn: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        dim: int,
+        *,
+        depth: int,
+        num_heads: int,
+        mlp_ratio: float,
+        pool: Pooling | None,
+        drop: float,
+        attn_drop: float,
+        drop_path: list[float],
+        fused_attn: bool,
+    ) -> None:
         super().__init__()
         self.pool = pool
         self.blocks = nn.Sequential(
