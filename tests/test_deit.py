@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 import vitlab
 from conftest import assert_same_logits, count_on_meta, load_reference, random_images, timm_model
-from vitlab.distill import DistillationLoss, hard_distillation_loss, soft_distillation_loss
-from vitlab.teachers import SmallCNNTeacher
+from vitlab.distill import DistillationLoss, SmallCNNTeacher, hard_distillation_loss, soft_distillation_loss
 
 DEIT_NAMES = [
     "deit_tiny_patch16_224",
