@@ -159,7 +159,8 @@ class LeViTAttention(nn.Module):
 
     def attention_bias(self) -> Tensor:
         """The bias ``B``: ``attention_biases[:, attention_bias_idxs]``. Shape: -> (h, N_q, N_k)."""
-        return self.attention_biases[:, self.attention_bias_idxs]
+        idxs = self.attention_bias_idxs
+        return self.attention_biases.index_select(1, idxs.flatten()).view(-1, *idxs.shape)  # [:, idxs], one gather
 
     def forward(self, x: Tensor, return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Shape: x (B, r*r, dim) -> (B, N_q, out_dim) [, attn (B, h, N_q, r*r) when ``return_attn``]."""
