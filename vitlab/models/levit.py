@@ -45,7 +45,10 @@ class LeViTConfig:
     distilled: bool = True
     drop_rate: float = 0.0
     drop_path_rate: float = 0.0
-    fused_attn: bool = True
+    # The written-out product by default, as timm's LeViT: its keys are narrower than its values,
+    # so on the CPU F.scaled_dot_product_attention falls back to its math kernel, slower than the
+    # product written out (chapter 14). set_fused_attention(model, True) switches it on (GPUs).
+    fused_attn: bool = False
 
     def __post_init__(self) -> None:
         E, D = self.embed_dim, self.key_dim
@@ -133,7 +136,7 @@ class LeViTAttention(nn.Module):
 
     def __init__(
         self, dim: int, out_dim: int, *, key_dim: int, num_heads: int, attn_ratio: float, resolution: int,
-        stride: int = 1, fused_attn: bool = True,
+        stride: int = 1, fused_attn: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.num_heads, self.key_dim, self.val_dim = num_heads, key_dim, int(attn_ratio * key_dim)
