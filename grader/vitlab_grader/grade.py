@@ -741,7 +741,7 @@ def _run_in(
                 "the grader used what the check saved"
             )
         status, message, fraction, function = _verdict(spec, found, run, index, run_notebook.cells[index], describe)
-        references = reference_objects(spec.reference)
+        references = reference_objects(spec.reference, check.check)
         flags = _scan(result, code, lambda: copied_references(code, baseline, references), [])  # noqa: B023
         if function.startswith("vitlab."):
             flags.append(f"the answer is vitlab's own {function}")

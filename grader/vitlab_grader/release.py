@@ -311,12 +311,32 @@ def _resolve(name: str) -> Any:
     return None
 
 
-def reference_objects(reference: Callable[..., Any]) -> list[Any]:
+# The vitlab objects that answer a check whose reference is written in the check itself: a
+# submission that uses one of them for that exercise has copied the answer.
+ANSWERED_BY: dict[str, tuple[str, ...]] = {
+    "patchify": ("vitlab.layers.patch_embed.patchify",),
+    "unpatchify": ("vitlab.layers.patch_embed.unpatchify",),
+    "scaled_dot_product_attention": (
+        "vitlab.layers.attention.explicit_attention",
+        "vitlab.layers.attention.fused_attention",
+    ),
+    "layer_scale_init": ("vitlab.models.cait.layer_scale_init_for_depth",),
+    "levit_bias_indices": ("vitlab.models.levit.attention_bias_index",),
+    "levit_shrink_bias_indices": ("vitlab.models.levit.attention_bias_index",),
+    "soft_distillation_loss": ("vitlab.distill.soft_distillation_loss",),
+    "hard_distillation_loss": ("vitlab.distill.hard_distillation_loss",),
+    "warmup_cosine": ("vitlab.train.warmup_cosine",),
+    "mean_pool_rollout": ("vitlab.rollout.attention_rollout",),
+}
+
+
+def reference_objects(reference: Callable[..., Any], check: str = "") -> list[Any]:
     """The vitlab objects a check's reference is: itself, or (defined in vitlab.checks) the vitlab
-    functions and classes its code names."""
+    functions and classes its code names, and those that answer ``check`` (:data:`ANSWERED_BY`)."""
     module = getattr(reference, "__module__", "") or ""
     if module.startswith("vitlab.") and not module.startswith("vitlab.checks"):
         return [reference]
+    answers = [obj for name in ANSWERED_BY.get(check, ()) if (obj := _resolve(name)) is not None]
     code = getattr(reference, "__code__", None)
     scope = getattr(reference, "__globals__", {})
     found = []
@@ -329,7 +349,7 @@ def reference_objects(reference: Callable[..., Any]) -> list[Any]:
             owner = getattr(obj, "__module__", "") or ""
             if callable(obj) and owner.startswith("vitlab.") and not owner.startswith("vitlab.checks"):
                 found.append(obj)
-    return found
+    return answers + found
 
 
 def copied_references(code: list[str], baseline: set[str], references: list[Any] | None = None) -> list[str]:
@@ -339,7 +359,7 @@ def copied_references(code: list[str], baseline: set[str], references: list[Any]
     names the release's own cells use (its ``import vitlab.checks`` is not a copy).
     Without ``references``: the names inside ``vitlab.checks`` (a check's private reference
     or machinery); with them (:func:`reference_objects` of one exercise): the names that
-    are one of them, or, when the check names no vitlab object, any layer or model of vitlab.
+    are one of them.
     """
     flagged = []
     for name in sorted(vitlab_names(code) - baseline):
@@ -347,19 +367,9 @@ def copied_references(code: list[str], baseline: set[str], references: list[Any]
         if references is None:
             if inside_checks:
                 flagged.append(name)
-        elif not inside_checks and (
-            any(_resolve(name) is r for r in references) or (not references and _a_layer(name))
-        ):
+        elif not inside_checks and any(_resolve(name) is r for r in references):
             flagged.append(name)
     return flagged
-
-
-def _a_layer(name: str) -> bool:
-    """A function or class of vitlab's layers or models: for a check whose reference is written in
-    the check itself (no vitlab object to compare with), the answer it would be copied from."""
-    obj = _resolve(name)
-    module = getattr(obj, "__module__", "") or ""
-    return callable(obj) and module.startswith(("vitlab.layers", "vitlab.models"))
 
 
 # ---------------------------------------------------------------- what the code tries
