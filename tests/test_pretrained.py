@@ -17,6 +17,7 @@ import json
 import re
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,15 +98,22 @@ def use_cache(monkeypatch: pytest.MonkeyPatch, hf_home: Path, offline: bool = Tr
 @pytest.fixture(autouse=True)
 def network(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """A network that is down: name lookups and connections fail, as on a machine without
-    one, and each attempt is recorded. A test that expects attempts empties the list."""
+    one, and each attempt the test's own thread makes is recorded (a background thread left by
+    an earlier test, such as the hub's telemetry, fails too but is not this test's attempt). A
+    test that expects attempts empties the list."""
     attempts: list[str] = []
+    test_thread = threading.get_ident()
+
+    def note(attempt: str) -> None:
+        if threading.get_ident() == test_thread:
+            attempts.append(attempt)
 
     def getaddrinfo(host: object, *args: object, **kwargs: object) -> None:
-        attempts.append(f"getaddrinfo {host}")
+        note(f"getaddrinfo {host}")
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known (the tests' network is down)")
 
     def connect(self: socket.socket, address: object) -> None:
-        attempts.append(f"connect {address}")
+        note(f"connect {address}")
         raise ConnectionRefusedError("the tests' network is down")
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)

@@ -57,7 +57,7 @@ def test_an_all_masked_query_row_gives_zeros_not_nan(fused: bool) -> None:
 
 @pytest.mark.slow
 def test_torch_compile_vit_small_matches_eager() -> None:
-    model = vitlab.create_model("vit_small_patch16_224").eval()
+    model = vitlab.create_model("vit_small_patch16_224", depth=2).eval()  # two blocks compile as twelve do
     images = random_images(2)
     compiled = torch.compile(model)
     with torch.no_grad():
