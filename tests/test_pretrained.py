@@ -252,12 +252,13 @@ def test_offline_without_a_cached_copy_names_the_model(
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", HF_MODEL])
-def test_unreachable_hub_without_offline_flag_asks_once_and_fails_fast(
+def test_unreachable_hub_without_offline_flag_asks_the_hub_and_fails_fast(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, network: list[str]
 ) -> None:
     """No HF_HUB_OFFLINE, no network, empty cache: the hub's own client is asked (so proxies
-    and HF_ENDPOINT apply), once, without the half-minute of retries of a download, and the
-    process-wide offline switch is left alone."""
+    and HF_ENDPOINT apply), without the half-minute of retries of a download, and the
+    process-wide offline switch is left alone. (How many lookups the hub's client makes is its
+    own business: one here, and now and then two for CvT.)"""
     hub_cache = use_cache(monkeypatch, tmp_path, offline=False)
     if name == HF_MODEL:
         from transformers import CvtForImageClassification  # noqa: F401 (imported outside the timing)
@@ -267,7 +268,7 @@ def test_unreachable_hub_without_offline_flag_asks_once_and_fails_fast(
     assert time.monotonic() - start < 10  # huggingface_hub's download retries take 23 s here
     assert_names_the_model_and_says_how(error, name, hub_cache)
     assert "HF_HUB_OFFLINE is set" not in str(error.value)
-    assert network == ["getaddrinfo huggingface.co"], network  # one request, through the hub's client
+    assert network and set(network) == {"getaddrinfo huggingface.co"}, network  # through the hub's client
     assert huggingface_hub.constants.HF_HUB_OFFLINE is False
     network.clear()
 
