@@ -20,9 +20,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import nbformat
 import pytest
 import torch
 import yaml
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 import vitlab
 import vitlab.checks as checks
@@ -292,3 +294,48 @@ def assert_named_mistake(
     tag = f"Pitfall {pitfall}: " if pitfall is not None else "a known mistake: "
     assert tag in line and words in line, line
     assert result.pitfall == pitfall and result.case is not None and f"{result.case}]: {tag}" in line
+
+
+# ---------------------------------------------------------------- a tiny release for the grader's tests
+# Two exercises: ``token_count`` (1 point, checked by ``t2t_token_count``) and ``attention``
+# (2 points, ``scaled_dot_product_attention``); test_grading_attacks.py and
+# test_grade_robustness.py grade crafted submissions of it beside honest ones.
+
+TOKEN, ATTENTION = "t2t_token_count", "scaled_dot_product_attention"
+TOKEN_STUB = "def token_count(size, kernel, stride, padding):\n    raise NotImplementedError"
+TOKEN_RIGHT = "def token_count(size, kernel, stride, padding):\n    return (size + 2 * padding - kernel) // stride + 1"
+ATTENTION_STUB = "def attention(q, k, v, mask=None):\n    raise NotImplementedError"
+ATTENTION_RIGHT = """def attention(q, k, v, mask=None):
+    logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return logits.softmax(dim=-1) @ v"""
+
+
+def release_notebook() -> nbformat.NotebookNode:
+    cells = [
+        new_code_cell("import torch\n\nimport vitlab.checks"),
+        new_markdown_cell("## Exercises\n\nImplement `token_count`."),
+        new_code_cell(TOKEN_STUB, metadata={"tags": ["exercise"]}),
+        new_code_cell(TOKEN_RIGHT, metadata={"tags": ["solution"]}),
+        new_code_cell(f"vitlab.checks.{TOKEN}(token_count);", metadata={"tags": ["check"]}),
+        new_markdown_cell("Implement `attention`."),
+        new_code_cell(ATTENTION_STUB, metadata={"tags": ["exercise"]}),
+        new_code_cell(ATTENTION_RIGHT, metadata={"tags": ["solution"]}),
+        new_code_cell(f"vitlab.checks.{ATTENTION}(attention);", metadata={"tags": ["check"], "vitlab": {"points": 2}}),
+    ]
+    notebook = new_notebook(cells=cells)
+    notebook.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    return notebook
+
+
+def honest(release: Path) -> nbformat.NotebookNode:
+    """The student copy with ``token_count`` answered and ``attention`` left a stub: 1 point of work."""
+    notebook = nbformat.read(release, as_version=4)
+    stub = next(c for c in notebook.cells if c.source == TOKEN_STUB)
+    stub.source = TOKEN_RIGHT
+    return notebook
+
+
+def cell_of(notebook: nbformat.NotebookNode, text: str) -> int:
+    return next(i for i, c in enumerate(notebook.cells) if text in c.source)

@@ -1,6 +1,6 @@
 """Submissions that try to harm the grader's run: each costs that submission only, honest classmates keep theirs.
 
-The release of ``test_grading_attacks`` (``token_count``, 1 point; ``attention``, 2
+The release of ``conftest.release_notebook`` (``token_count``, 1 point; ``attention``, 2
 points). Every crafted notebook answers ``token_count`` honestly (1 point of work) unless
 it is a file the grader must refuse; it is graded in one ``grade`` run with ``--jobs 2``
 beside an honest notebook (1 point) and a full one (3 points), who must keep their scores.
@@ -26,8 +26,8 @@ import nbformat
 import pytest
 import torch
 from nbformat.v4 import new_code_cell
-from test_grading_attacks import ATTENTION_RIGHT, ATTENTION_STUB, TOKEN, cell_of, honest, release_notebook
 
+from conftest import ATTENTION_RIGHT, ATTENTION_STUB, TOKEN, cell_of, honest, release_notebook
 from vitlab_grader import make_student
 from vitlab_grader.__main__ import main
 from vitlab_grader.grade import ANSWERS_LIMIT, ExerciseResult, NotebookResult, _load_answers, grade
