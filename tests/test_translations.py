@@ -182,6 +182,7 @@ def test_every_declared_figure_text_is_translated(language: str) -> None:
 _ITALIC = re.compile(r"(?<![*\w])\*(?!\*)[^*\n]+\*")
 _QUOTED = re.compile(r'"[^"\n]+"')
 _CJK = re.compile(r"[\uac00-\ud7af\u4e00-\u9fff]")
+_SHOWN = re.compile(r"\{(?:doc|ref|term|numref)\}`([^`<]+?)\s*<[^`]*>`")
 
 
 def term_sheet(language: str) -> list[dict[str, str]]:
@@ -198,7 +199,8 @@ def term_sheet(language: str) -> list[dict[str, str]]:
 def term_problems(sheet: list[dict[str, str]], msgid: str, msgstr: str) -> list[str]:
     """The sheet's rules that a translation breaks (empty: none)."""
     english = _ITALIC.sub(" ", translations.spans(msgid).prose)
-    translated = translations.spans(msgstr).prose
+    shown = " ".join(_SHOWN.findall(msgstr))  # the text a reader sees of a titled role
+    translated = translations.spans(msgstr).prose + " " + shown
     english = _QUOTED.sub(lambda m: " " if m.group(0) in translated else m.group(0), english)
     matched = [row for row in sheet if re.search(row["english"], english, re.I)]
     targets = [row["target"] for row in matched]
