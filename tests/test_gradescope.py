@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vitlab_grader import make_student
-from vitlab_grader.grade import ExerciseResult, NotebookResult
-from vitlab_grader.gradescope import build, results_json
-from vitlab_grader.release import read_release
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_assignments import (  # noqa: E402
+from grader_release import (
     ATTENTION_RIGHT,
     TOKEN_PITFALL_9,
     TOKEN_RIGHT,
@@ -28,6 +21,11 @@ from test_assignments import (  # noqa: E402
     submission,
     write,
 )
+
+from vitlab_grader import make_student
+from vitlab_grader.grade import ExerciseResult, NotebookResult
+from vitlab_grader.gradescope import build, results_json
+from vitlab_grader.release import read_release
 
 # Gradescope's results.json (gradescope-autograders.readthedocs.io/en/latest/specs/, "Output format"):
 # every key it documents, with its type; "score" on the top level or on every test.
