@@ -573,3 +573,53 @@ def test_two_submissions_with_one_student_id_are_both_errors_before_any_kernel(t
     results = list(grade(paths, [copy.target]))  # the collision costs those two files only
     assert [r.status for r in results] == ["ERROR", "ERROR"]
     assert all("both get student id '09_pit'" in r.error and r.rows()[0].score is None for r in results)
+
+
+# ---------------------------------------------------------------- hidden cases' secret, pinned vitlab (no kernel)
+
+SETUP = """import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "vitlab @ git+https://github.com/vitlab-course/vit-lab@main"],
+        check=True,
+    )"""  # the chapters' Colab setup cell
+
+
+def test_student_writes_the_secret_outside_the_release_and_pins_vitlab(tmp_path: Path) -> None:
+    import vitlab
+
+    notebook = instructor_notebook()
+    notebook.cells.insert(0, new_code_cell(SETUP))
+    instructor = write(notebook, tmp_path / "instructor" / "ch.ipynb")
+    out, key = tmp_path / "student", tmp_path / "keys" / "hidden.key"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["student", str(instructor), "--out", str(out), "--secret", str(key)]) == 0
+    secret = key.read_text().strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret) and key.stat().st_mode & 0o077 == 0, printed.getvalue()
+    shipped = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert secret.encode() not in shipped and bytes.fromhex(secret) not in shipped  # never in the release
+    with contextlib.redirect_stdout(io.StringIO()):  # again: the same secret, the same hidden cases
+        assert main(["student", str(instructor), "--out", str(tmp_path / "again"), "--secret", str(key)]) == 0
+    assert key.read_text().strip() == secret
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):  # inside the release: refused
+        main(["student", str(instructor), "--out", str(out), "--secret", str(out / "hidden.key")])
+    assert not (out / "hidden.key").exists()
+    copy = nbformat.read(out / "ch.ipynb", as_version=4)
+    assert f"vit-lab@v{vitlab.__version__}" in copy.cells[0].source and "@main" not in copy.cells[0].source
+    assert copy.metadata["vitlab"]["vitlab"] == vitlab.__version__
+
+
+def test_a_submission_made_against_another_vitlab_is_reported_and_graded_alike(tmp_path: Path) -> None:
+    from vitlab_grader.release import match_release, read_release
+
+    make_student([write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")], tmp_path / "student")
+    releases = read_release([tmp_path / "student"])
+    older = {"metadata": {"vitlab": {"release": "ch", "vitlab": "0.0.1"}}}
+    release, anomalies = match_release(Path("ch.ipynb"), older, releases)
+    assert release is releases[0] and len(anomalies) == 1 and "made against vitlab '0.0.1'" in anomalies[0]
+    same = {"metadata": {"vitlab": {"release": "ch", "vitlab": releases[0].notebook["metadata"]["vitlab"]["vitlab"]}}}
+    for notebook in (same, {"metadata": {}}, {"metadata": {"vitlab": "0.0.1"}}):  # no stamp: nothing to say
+        assert match_release(Path("ch.ipynb"), notebook, releases)[1] == []
