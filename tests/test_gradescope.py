@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from vitlab_grader import make_student
-from vitlab_grader.grade import ExerciseResult, NotebookResult
-from vitlab_grader.gradescope import build, results_json
-from vitlab_grader.release import read_release
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_assignments import (  # noqa: E402
+from grader_release import (
     ATTENTION_RIGHT,
     TOKEN_PITFALL_9,
     TOKEN_RIGHT,
@@ -28,6 +21,11 @@ from test_assignments import (  # noqa: E402
     submission,
     write,
 )
+
+from vitlab_grader import make_student
+from vitlab_grader.grade import ExerciseResult, NotebookResult
+from vitlab_grader.gradescope import build, results_json
+from vitlab_grader.release import read_release
 
 # Gradescope's results.json (gradescope-autograders.readthedocs.io/en/latest/specs/, "Output format"):
 # every key it documents, with its type; "score" on the top level or on every test.
@@ -58,6 +56,7 @@ TEST = {
     "extra_data": dict,
 }
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+SECRET = bytes(range(32))  # the release's secret for hidden cases (tests only)
 FORMATS = {"text", "html", "simple_format", "md", "ansi"}
 STATUS = {"passed", "failed"}
 
@@ -155,7 +154,7 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
 
     student = release / "ch.ipynb"
     sub = submission(student, TOKEN_PITFALL_9, ATTENTION_RIGHT, tmp_path / "subs" / "ch.ipynb")
-    out = build([release], tmp_path / "autograder.zip", timeout=120)
+    out = build([release], tmp_path / "autograder.zip", timeout=120, secret=SECRET)  # hidden cases too
     root = autograder_folder(out, tmp_path / "autograder", [sub])
     env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
     done = subprocess.run(
@@ -169,7 +168,8 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     document = json.loads((root / "results" / "results.json").read_text())
     check_results(document)
-    (expected,) = grade([sub], [release], timeout=120)
+    (expected,) = grade([sub], [release], timeout=120, secret=SECRET)
+    assert "hidden cases" in expected.exercises[1].message  # the right attention passes its hidden cases
     assert [(t["score"], t["max_score"]) for t in document["tests"]] == [
         (e.score, e.points) for e in expected.exercises
     ]
@@ -189,3 +189,18 @@ def test_run_autograder_with_a_right_answer_and_no_notebook(release: Path, tmp_p
         document = json.loads((root / "results" / "results.json").read_text())
         check_results(document)
         assert document["score"] == score and sum(t["max_score"] for t in document["tests"]) == 3
+
+
+def test_the_secret_ships_in_the_autograder_and_never_in_the_release(release: Path, tmp_path: Path) -> None:
+    from vitlab_grader.gradescope import SECRET_FILE
+
+    out = build([release], tmp_path / "autograder.zip", timeout=60, secret=SECRET)
+    with zipfile.ZipFile(out) as archive:
+        assert archive.read(SECRET_FILE).decode().strip() == SECRET.hex()
+        assert json.loads(archive.read("settings.json"))["hidden_cases"] is True
+        released = b"".join(archive.read(n) for n in archive.namelist() if n.startswith("release/"))
+    for data in (released, b"".join(p.read_bytes() for p in release.rglob("*") if p.is_file())):
+        assert SECRET.hex().encode() not in data and SECRET not in data
+    with zipfile.ZipFile(build([release], tmp_path / "public.zip", timeout=60)) as archive:
+        assert SECRET_FILE not in archive.namelist()
+        assert json.loads(archive.read("settings.json"))["hidden_cases"] is False

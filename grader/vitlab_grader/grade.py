@@ -19,7 +19,12 @@ each one alone:
    (``torch.save``, read with ``torch.load(weights_only=True)`` and a size limit). The
    grader's own process computes the references and compares
    (:func:`vitlab.checks._core.evaluate`). Nothing the kernel prints or shows is read.
-4. **Copied references flagged.** An answer that is, or names, a vitlab object the
+4. **Hidden cases** (with the release's secret, :func:`vitlab_grader.release.hidden_spec`):
+   the grader's cell runs the student's function on each check's public cases, then on
+   its hidden ones. The score counts both; the message says how many hidden cases failed,
+   never which, and an answer that passes every public case but not the hidden ones is
+   reported (a table of the public outputs scores the public cases only).
+5. **Copied references flagged.** An answer that is, or names, a vitlab object the
    exercise asks the student to write, or anything of ``vitlab.checks``, keeps its score
    and is flagged by name.
 
@@ -49,6 +54,7 @@ out is graded again alone, and only that result counts.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -72,6 +78,7 @@ from vitlab_grader.release import (
     Release,
     ReleaseCheck,
     copied_references,
+    hidden_spec,
     match_release,
     plan,
     read_release,
@@ -408,6 +415,7 @@ class _Settings:
     sandbox: bool
     limits: Any = None  # vitlab_grader.isolation.Limits; None: its defaults
     run_dir: Path | None = None  # the run's own temporary folder
+    secret: bytes | None = None  # the release's secret: hidden cases (None: public cases only)
 
 
 def _score(status: str, worth: float, fraction: float | None, all_or_nothing: bool) -> float | None:
@@ -579,7 +587,7 @@ def _read_answers(path: Path, cases: int) -> Any:
 
 
 def _verdict(
-    spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any
+    spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any, hidden: Any = None
 ) -> tuple[str, str, float | None, str]:
     """``(status, message, fraction, function)`` of one exercise after the run."""
     from vitlab.checks._core import evaluate
@@ -597,19 +605,52 @@ def _verdict(
         raised = _error(cell)
         return "ERROR", answers + (f" (the grader's cell raised {raised})" if raised else ""), None, ""
     try:
-        result = evaluate(spec, answers)
+        result = evaluate(spec, _part(answers, 0, len(spec.cases)))
+        if hidden is not None:
+            result = _with_hidden(result, evaluate(hidden, _part(answers, len(spec.cases), len(hidden.cases))))
     except Exception as exc:  # noqa: BLE001 - answers the comparison cannot take cost this exercise only
         return "ERROR", f"the answers cannot be compared: {type(exc).__name__}: {_first_line(str(exc))}", None, ""
     return _DATA_STATUS[result.status], result.message, result.fraction, answers.function
 
 
-def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, Any]) -> None:
+_HIDDEN_ONLY = "hidden cases do not"  # in the message of an answer that fails hidden cases only
+
+
+def _part(answers: Any, start: int, count: int) -> Any:
+    """The answers to cases ``start`` to ``start + count`` (the public or the hidden ones)."""
+    from vitlab.checks._core import Answers
+
+    graded = answers.gradient_case
+    at = graded - start if graded is not None and start <= graded < start + count else None
+    return Answers(answers.cases[start : start + count], answers.gradient if at is not None else None, at,
+                   answers.function)  # fmt: skip
+
+
+def _with_hidden(public: Any, hidden: Any) -> Any:
+    """One result for the public and hidden cases: both counted; of the hidden ones, only how many failed."""
+    failed = hidden.cases_total - hidden.cases_passed
+    passed, total = public.cases_passed + hidden.cases_passed, public.cases_total + hidden.cases_total
+    message, status = public.message, public.status
+    if failed and public.passed:
+        status = "failed"
+        message = (f"FAIL {public.name}: the {public.cases_total} public cases match the reference, but "
+                   f"{failed} of {hidden.cases_total} {_HIDDEN_ONLY} (hidden cases are not shown)")  # fmt: skip
+    elif failed and public.status == "failed":
+        message += f" ({failed} of {hidden.cases_total} hidden cases failed too)"
+    elif public.passed:
+        message += f" (and {hidden.cases_total} hidden cases)"
+    return dataclasses.replace(public, status=status, message=message, cases_passed=passed, cases_total=total)
+
+
+def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, Any], hidden: dict[str, Any]) -> None:
+    """Each check's cases for the grader's cell: the public ones, then the hidden ones (if any)."""
     import torch
 
     work = folder / _WORK
     work.mkdir()
     for check in checks:
-        torch.save(list(specs[check.check].cases), work / f"{check.number}-cases.pt")
+        extra = hidden[check.check].cases if check.check in hidden else ()
+        torch.save([*specs[check.check].cases, *extra], work / f"{check.number}-cases.pt")
 
 
 def _grade_submission(
@@ -662,6 +703,8 @@ def _run_in(
     result.anomalies += planned.anomalies
     cells = notebook["cells"]
     specs = {check.check: check_spec(check.check) for check in release.checks}
+    secret = settings.secret
+    hidden = {check.check: hidden_spec(check.check, secret) for check in release.checks} if secret else {}
     code = [source(cells[n]) for kind, n in planned.origins if kind == "student"]
     release_code = [
         source(c) for i, c in enumerate(release.notebook.get("cells", []))
@@ -697,7 +740,7 @@ def _run_in(
             saved[index] = str(exc)
 
     start = time.monotonic()
-    _write_cases(folder, release.checks, specs)
+    _write_cases(folder, release.checks, specs, hidden)
     limits = settings.limits if settings.limits is not None else DEFAULT_LIMITS
     km, isolation = isolated_kernel_manager(
         folder, scrubbed_env(), sandbox=settings.sandbox, limits=limits, parent=settings.run_dir
@@ -730,17 +773,25 @@ def _run_in(
         result.status, result.error = "ERROR", run.died[min(run.died)]
     where = {number: i for i, number in number_at.items()}
     for check in release.checks:
-        spec = specs[check.check]
+        spec, secret_cases = specs[check.check], hidden.get(check.check)
         index = where[check.number]
         read = saved.get(index, "the grader's cell did not run")
-        found = read if isinstance(read, str) else _load_answers(read, len(spec.cases))
+        count = len(spec.cases) + (len(secret_cases.cases) if secret_cases else 0)
+        found = read if isinstance(read, str) else _load_answers(read, count)
         later = _read_answers_bytes(work / f"{check.number}-answers.pt")
         if index in saved and later != read:
             result.anomalies.append(
                 f"{check.check}: the answers file ({_WORK}/{check.number}-answers.pt) changed after its check ran; "
                 "the grader used what the check saved"
             )
-        status, message, fraction, function = _verdict(spec, found, run, index, run_notebook.cells[index], describe)
+        status, message, fraction, function = _verdict(
+            spec, found, run, index, run_notebook.cells[index], describe, secret_cases
+        )
+        if status == "FAIL" and _HIDDEN_ONLY in message:
+            result.anomalies.append(
+                f"{check.check}: every public case passes, but hidden cases fail: an answer fitted to the public "
+                "cases (a table of their outputs?) or a slip they do not catch"
+            )
         references = reference_objects(spec.reference, check.check)
         flags = _scan(result, code, lambda: copied_references(code, baseline, references), [])  # noqa: B023
         if function.startswith("vitlab."):
@@ -792,6 +843,7 @@ def grade(
     root: str | Path | None = None,
     sandbox: bool = True,
     limits: Any = None,
+    secret: bytes | None = None,
 ) -> Iterator[NotebookResult]:
     """Grade submissions against the release, one after the other (or ``jobs`` at a time).
 
@@ -817,6 +869,8 @@ def grade(
             processes are still isolated).
         limits: each kernel's :class:`vitlab_grader.isolation.Limits` (default
             :data:`vitlab_grader.isolation.DEFAULT_LIMITS`).
+        secret: the release's secret (:func:`vitlab_grader.release.read_secret`): every
+            check also runs its hidden cases (``None``: the public cases only).
 
     Raises:
         AssignmentError: the release cannot be read.
@@ -839,7 +893,7 @@ def grade(
         except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - costs this submission only
             parsed.append((path, f"the grader could not read it: {type(exc).__name__}"))
     run_dir = Path(tempfile.mkdtemp(prefix="vitlab-grade-"))  # the run's own: submissions' and kernels' folders
-    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir)
+    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir, secret)
 
     def one(item: tuple[Path, Any]) -> NotebookResult:
         path, read = item

@@ -7,6 +7,12 @@ cells is. What differs from the release is an *anomaly*: a check cell edited, mi
 duplicated or added, its metadata changed (points, tags), a stamp that names another
 notebook. Anomalies never change a score; the report lists them.
 
+**Hidden cases.** A release may have a secret (:func:`read_secret`, written by
+``student --secret FILE``) that the instructor keeps and students never get. Each check then
+also has hidden cases (:func:`hidden_spec`): the check's own cases built again under
+:func:`vitlab.checks._core.hidden_cases` with the key ``HMAC-SHA256(secret, check name)``:
+the same kinds and sizes, other values. A table of the public cases' outputs fails them.
+
 :func:`copied_references` reads the submission's code (never runs it) for uses of
 ``vitlab.checks`` and of the vitlab objects a check's reference is built from.
 """
@@ -14,8 +20,12 @@ notebook. Anomalies never change a score; the report lists them.
 from __future__ import annotations
 
 import ast
+import hashlib
+import hmac
 import importlib
+import os
 import re
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +44,8 @@ from vitlab_grader.exercises import (
 from vitlab_grader.ids import undecorated
 
 STAMP = "release"  # notebook metadata vitlab.release: the release notebook a student copy came from
+VERSION_STAMP = "vitlab"  # notebook metadata vitlab.vitlab: the vitlab version the release pins
+SECRET_BYTES = 32  # the hidden cases' secret: 32 random bytes, written as 64 hex digits
 SHIPPED_LIMIT = 50 * 2**20  # bytes of other files a release folder may ship with its notebooks
 
 
@@ -112,6 +124,43 @@ def read_release(sources: Iterable[str | Path]) -> list[Release]:
     return releases
 
 
+def write_secret(path: str | Path) -> bool:
+    """Write a new secret to ``path`` (readable by its owner only) unless it has one; whether it wrote one."""
+    path = Path(path)
+    if path.exists():
+        read_secret(path)  # a file that is there must be a secret
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+    return True
+
+
+def read_secret(path: str | Path) -> bytes:
+    """The secret in ``path`` (hex digits, at least 16 bytes' worth).
+
+    Raises:
+        AssignmentError: no such file, or not a secret.
+    """
+    try:
+        secret = bytes.fromhex(Path(path).read_text(encoding="ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise AssignmentError(f"{path}: not a secret for hidden cases ({type(exc).__name__})") from None
+    if len(secret) < 16:
+        raise AssignmentError(f"{path}: a secret for hidden cases has at least 32 hex digits")
+    return secret
+
+
+def hidden_spec(check: str, secret: bytes) -> Any:
+    """The spec of ``check``'s hidden cases: its cases drawn with the key HMAC-SHA256(``secret``, ``check``)."""
+    from vitlab.checks._core import hidden_cases
+    from vitlab_grader.specs import check_spec
+
+    with hidden_cases(hmac.new(secret, check.encode(), hashlib.sha256).digest()):
+        return check_spec(check)
+
+
 def match_release(path: Path, notebook: dict[str, Any], releases: list[Release]) -> tuple[Release | None, list[str]]:
     """The release notebook a submission answers, and the anomalies found on the way.
 
@@ -120,7 +169,8 @@ def match_release(path: Path, notebook: dict[str, Any], releases: list[Release])
     student copy's stamp names. The stamp is the student's to change, so a stamp that
     names another release notebook is an anomaly and never decides over the file name.
     """
-    stamp = (notebook.get("metadata", {}).get("vitlab") or {}).get(STAMP)
+    stamps = notebook.get("metadata", {}).get("vitlab")
+    stamp = stamps.get(STAMP) if isinstance(stamps, dict) else None
     base = undecorated(path.name)  # the student ids' rules: "Copy of 09_pit (1)" is "09_pit"
     by_name = sorted(
         (r for r in releases if base == Path(r.name).name or base.endswith(("_" + Path(r.name).name, " " + r.name))),
@@ -135,7 +185,17 @@ def match_release(path: Path, notebook: dict[str, Any], releases: list[Release])
     anomalies = []
     if chosen is not None and stamp is not None and stamp != chosen.name:
         anomalies.append(f"the notebook's stamp names the release notebook {stamp!r}; graded as {chosen.name!r}")
+    pinned, made = pinned_version(chosen.notebook) if chosen is not None else None, pinned_version(notebook)
+    if pinned is not None and made is not None and made != pinned:  # no stamp (metadata lost): nothing to say
+        anomalies.append(f"made against vitlab {made[:40]!r}, not the release's {pinned!r} (graded with the release's)")
     return chosen, anomalies
+
+
+def pinned_version(notebook: dict[str, Any]) -> str | None:
+    """The vitlab version a student copy was made for (its metadata ``vitlab.vitlab``), or ``None``."""
+    stamps = notebook.get("metadata", {}).get("vitlab")
+    version = stamps.get(VERSION_STAMP) if isinstance(stamps, dict) else None
+    return version if isinstance(version, str) else None
 
 
 # ---------------------------------------------------------------- the cells that run
