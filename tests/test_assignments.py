@@ -459,7 +459,7 @@ def test_a_cell_past_its_limit_costs_only_that_cell(tmp_path: Path) -> None:
     The later check still passes (the replay defined ``attention`` and imported vitlab again),
     and the JSON keeps the first error outside the checks although the notebook timed out.
     """
-    cell_limit = 25  # above the import of torch on a busy machine
+    cell_limit = 15  # above the import of torch and vitlab in a kernel on a busy two-core machine
     instructor = write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
     (copy,) = make_student([instructor], tmp_path / "student")
     path = submission(copy.target, TOKEN_HANGS, ATTENTION_RIGHT, tmp_path / "subs" / "s7_ch.ipynb")
