@@ -501,6 +501,9 @@ def _definitions(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
         for statement in tree.body:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 found.setdefault(statement.name, []).append(statement)
+            elif isinstance(statement, (ast.Import, ast.ImportFrom)):
+                for alias in statement.names:
+                    found.setdefault(alias.asname or alias.name.split(".")[0], []).append(statement)
             elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
                 targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
                 for target in targets:
