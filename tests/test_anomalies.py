@@ -99,7 +99,8 @@ def test_a_frame_walk_is_found_through_any_alias(chapter: Any, code: str, found:
     "code",
     [
         "import importlib\n\nhidden = importlib.import_module('vitlab.che' + 'cks.pit')\nref = hidden._stage",
-        "import importlib as il\n\nname = f\"vitlab.{'checks'}.pit\"\nref = getattr(il.import_module(name), '_sta' + 'ge')",
+        "import importlib as il\n\nname = f\"vitlab.{'checks'}.pit\"\n"
+        "ref = getattr(il.import_module(name), '_sta' + 'ge')",
         "ref = __import__('vitlab.checks.pit', fromlist=['x'])._stage",
         "ref = sys.modules['.'.join(['vitlab', 'checks', 'pit'])]._stage",
     ],
