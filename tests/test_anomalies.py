@@ -85,6 +85,32 @@ def test_honest_work_with_colab_habits_and_the_setup_cell_has_nothing_to_report(
     assert judge(chapter, cells) == {"suspicious": [], "from_checks": [], "copied": []}
 
 
+CHAPTERS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_every_chapters_own_solutions_handed_in_have_nothing_to_report(tmp_path: Path, name: str) -> None:
+    """Each chapter's student copy with the instructor's solutions pasted into its stubs: no anomaly, no flag."""
+    from vitlab_grader import make_student
+    from vitlab_grader.release import read_release
+
+    (copy,) = make_student([ROOT / "notebooks" / name], tmp_path)
+    release = read_release([copy.target])[0]
+    solutions = [c.source for c in nbformat.read(ROOT / "notebooks" / name, as_version=4).cells
+                 if "solution" in c.metadata.get("tags", [])]  # fmt: skip
+    notebook = nbformat.read(copy.target, as_version=4)
+    stubs = [c for c in notebook.cells if "exercise" in c.metadata.get("tags", [])]
+    for stub, solution in zip(stubs, solutions, strict=True):
+        stub.source = solution
+    cells = [c for c in notebook.cells if c.cell_type == "code" and "check" not in c.metadata.get("tags", [])]
+    written = scan.student_cells(cells, release.notebook["cells"])
+    names = scan.names_of([c.source for c in cells])
+    assert scan.suspicious(written, names) == [] and scan.from_checks(written, names) == []
+    for check in release.checks:
+        references = scan.reference_objects(check_spec(check.check).reference, check.check)
+        assert scan.copied(written, names, check.function, references) == [], check.check
+
+
 @pytest.mark.parametrize(
     ("code", "found"),
     [

@@ -453,7 +453,8 @@ def resolve_object(name: str) -> Any:
 
 
 # The vitlab objects that answer a check whose reference is written in the check itself: a
-# submission whose answer uses one of them for that exercise has copied the answer.
+# submission whose answer uses one of them for that exercise has copied the answer. (Chapter
+# 12's mean_pool_rollout is built on vitlab's attention_rollout, as its solution is: not here.)
 ANSWERED_BY: dict[str, tuple[str, ...]] = {
     "patchify": ("vitlab.layers.patch_embed.patchify",),
     "unpatchify": ("vitlab.layers.patch_embed.unpatchify",),
@@ -467,7 +468,6 @@ ANSWERED_BY: dict[str, tuple[str, ...]] = {
     "soft_distillation_loss": ("vitlab.distill.soft_distillation_loss",),
     "hard_distillation_loss": ("vitlab.distill.hard_distillation_loss",),
     "warmup_cosine": ("vitlab.train.warmup_cosine",),
-    "mean_pool_rollout": ("vitlab.rollout.attention_rollout",),
     "pit_pooling_stage": ("vitlab.models.pit.Pooling",),
 }
 
