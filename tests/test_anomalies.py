@@ -63,7 +63,8 @@ def judge(chapter: tuple[nbformat.NotebookNode, str], cells: list[Any]) -> dict[
 
 
 HABITS = [
-    "!pip install -q einops timm\n!python -m pip install torchinfo\n!nvidia-smi",
+    "!pip install -q einops timm\n!python -m pip install torchinfo\n!nvidia-smi\n!ls\n"
+    "!wget -q https://example.org/flowers.zip\n!unzip -q flowers.zip",
     "from google.colab import drive\n\ndrive.mount('/content/drive')",
     "import sys\nfrom pathlib import Path\n\nimport numpy as np\nimport torch\n\n"
     "IN_COLAB = 'google.colab' in sys.modules\nroot = Path.home() / 'data' if not IN_COLAB else Path('~/data')\n"

@@ -63,8 +63,6 @@ def student_cells(cells: list[dict[str, Any]], release_cells: list[dict[str, Any
 
 # ---------------------------------------------------------------- what a name stands for
 
-_NOT_FOUND = object()
-
 
 def _string(node: ast.AST, strings: dict[str, str]) -> str | None:
     """The string an expression is, where it is built from constants only (``"vitlab.mod" + "els"``)."""
@@ -126,13 +124,11 @@ class Names:
                         if name is not None:
                             self.dotted[target.id] = name
 
-    def _builtin(self, node: ast.AST, name: str) -> bool:
-        return (
-            isinstance(node, ast.Name)
-            and node.id == name
-            and node.id not in self.dotted
-            or (self.resolve(node) == f"builtins.{name}")
-        )
+    def builtin(self, node: ast.AST, name: str) -> bool:
+        """Whether ``node`` is the builtin ``name`` (``getattr``, ``open``...): not rebound by the notebook."""
+        if isinstance(node, ast.Name) and node.id == name and node.id not in self.dotted:
+            return True
+        return self.resolve(node) == f"builtins.{name}"
 
     def resolve(self, node: ast.AST) -> str | None:
         """The dotted name an expression stands for (``"inspect.stack"``), or ``None`` if unknown."""
@@ -163,14 +159,14 @@ class Names:
         first = _string(args[0], self.strings) if args else None
         if self.resolve(func) == "importlib.import_module" and first is not None:
             return first
-        if self._builtin(func, "__import__") and first is not None:
+        if self.builtin(func, "__import__") and first is not None:
             fromlist = args[3] if len(args) > 3 else next((k.value for k in node.keywords if k.arg == "fromlist"), None)
             empty = fromlist is None or (isinstance(fromlist, (ast.List, ast.Tuple)) and not fromlist.elts)
             return first.split(".")[0] if empty else first
-        if self._builtin(func, "getattr") and len(args) >= 2:
+        if self.builtin(func, "getattr") and len(args) >= 2:
             base, attr = self.resolve(args[0]), _string(args[1], self.strings)
             return f"{base}.{attr}" if base and attr is not None else None
-        if self._builtin(func, "vars") and len(args) == 1:
+        if self.builtin(func, "vars") and len(args) == 1:
             return self.resolve(args[0])
         if self.resolve(func) in ("sys.modules.get", "sys.modules.__getitem__") and first is not None:
             return first
@@ -221,9 +217,11 @@ INTROSPECTION = {
     "threading.setprofile", "threading.settrace", "ctypes",
 }  # fmt: skip
 EVENTS = ("post_run_cell", "pre_run_cell", "post_execute", "pre_execute")
-# Shell commands an honest notebook runs (installing packages, looking at the GPU); any other is noted.
+# Shell commands an honest Colab notebook runs (installing packages, looking at the machine, fetching
+# data into its folder); any other is noted.
 HONEST_SHELL = re.compile(
-    r"^(\{[^}]*\}|python3?|\S*/python3?)\s+-m\s+pip\b|^(pip3?|uv\s+pip|conda|mamba|apt(-get)?|nvidia-smi)\b"
+    r"^(\{[^}]*\}|python3?|\S*/python3?)\s+-m\s+pip\b"
+    r"|^(pip3?|uv\s+pip|conda|mamba|apt(-get)?|nvidia-smi|ls|pwd|nproc|free|df|wget|unzip|gdown)(\s|$)"
 )
 _CHECK_LINE = re.compile(r"\b(PASS|FAIL|TODO) [A-Za-z_]\w*[ :\[]")
 _SHELL_LINE = re.compile(r"^\s*!+(.*)$", re.MULTILINE)
@@ -305,7 +303,7 @@ class _Scan:
         arg = node.args
         mode_node = arg[1] if len(arg) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
         mode = _string(mode_node, self.names.strings) if mode_node is not None else "r"
-        if (called in ("builtins.open", "io.open", "codecs.open") or self.names._builtin(node.func, "open")) and arg:
+        if (called in ("builtins.open", "io.open", "codecs.open") or self.names.builtin(node.func, "open")) and arg:
             if mode is None or set(mode) & set("wax+"):
                 self.write(arg[0])
         elif called == "os.open" and arg:
@@ -398,7 +396,7 @@ def findings(text: str, names: Names) -> set[str]:
             found.add(f"walks the call stack (.{node.attr})")
         elif isinstance(node, ast.Call):
             scan.call(node)
-            if scan.names._builtin(node.func, "setattr") and len(node.args) >= 2:
+            if scan.names.builtin(node.func, "setattr") and len(node.args) >= 2:
                 owner, attr = names.resolve(node.args[0]), _string(node.args[1], names.strings)
                 if owner and owner.split(".")[0] in ("vitlab", "vitlab_grader"):
                     found.add(f"replaces {owner}.{attr if attr is not None else '...'}")
