@@ -21,7 +21,8 @@ each one alone:
    (:func:`vitlab.checks._core.evaluate`). Nothing the kernel prints or shows is read.
 4. **Copied references flagged.** An answer that is, or names, a vitlab object the
    exercise asks the student to write, or anything of ``vitlab.checks``, keeps its score
-   and is flagged by name.
+   and is flagged by name; in the kernel the checks' own functions are tripwires that
+   compute nothing and report the call (:mod:`vitlab_grader.anomalies`).
 
 Each notebook has a time limit (kernel start-up not counted) and, optionally, one per
 cell. Cells that raise do not stop it, so later checks still run. A cell past the per-cell
