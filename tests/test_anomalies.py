@@ -265,11 +265,13 @@ def test_the_feedback_keeps_the_anomalies_for_the_instructor_unless_asked() -> N
     from vitlab_grader.grade import ExerciseResult
 
     row = ExerciseResult("s.ipynb", CHECK, FUNCTION, "PASS", "ok", 2.0, 1.0, 2.0, "s", "vitlab.models.pit.Pooling")
-    result = NotebookResult("s.ipynb", student="s", exercises=[row], anomalies=["the code walks the call stack"])
+    noted = ["the code walks the call stack", "the code writes outside its folder ('<img src=x onerror=alert(1)>')"]
+    result = NotebookResult("s.ipynb", student="s", exercises=[row], anomalies=noted)
     for feedback in (feedback_markdown, feedback_html):
         assert "call stack" not in feedback(result) and "Pooling" not in feedback(result)
         shown = feedback(result, "student")
         assert "call stack" in shown and "Pooling" in shown.replace("\\", "")
+        assert "onerror" in shown and "<img" not in shown  # shown, and escaped
     with pytest.raises(ValueError, match="'instructor' or 'student'"):
         feedback_markdown(result, "everyone")
 
