@@ -189,6 +189,12 @@ def test_a_write_outside_the_folder_is_found(chapter: Any, code: str, path: str)
     assert judge(chapter, submit(chapter, None, code))["suspicious"] == [f"writes outside its folder ({path!r})"]
 
 
+def test_a_write_into_the_graders_work_folder_is_found(chapter: Any) -> None:
+    code = "import os\n\nos.remove('.vitlab-grader/references-called')"  # the tripwires' record
+    found = judge(chapter, submit(chapter, None, code))["suspicious"]
+    assert found == ["writes into the grader's work folder ('.vitlab-grader/references-called')"]
+
+
 def test_a_shell_command_other_than_an_install_is_reported(chapter: Any) -> None:
     found = judge(chapter, submit(chapter, None, "!pip install -q timm\n!cat ../*.ipynb"))["suspicious"]
     assert found == ["runs a shell command (cat)"]

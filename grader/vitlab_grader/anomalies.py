@@ -227,6 +227,7 @@ _CHECK_LINE = re.compile(r"\b(PASS|FAIL|TODO) [A-Za-z_]\w*[ :\[]")
 _SHELL_LINE = re.compile(r"^\s*!+(.*)$", re.MULTILINE)
 _SHELL_CELL = re.compile(r"^\s*%%(bash|sh|script\b[^\n]*|system)\s*\n(.*)", re.DOTALL)
 _SHELL_MAGIC = re.compile(r"^\s*%(system|sx)\b(.*)$", re.MULTILINE)
+WORK = ".vitlab-grader"  # the grader's work folder in the submission's: cases, answers, the tripwires' record
 COLAB_FOLDER = "/content"  # Colab's working folder (and Google Drive under it): the student's own there
 
 
@@ -297,6 +298,8 @@ class _Scan:
         target = self.path(node) if node is not None else None
         if target is not None and outside(target):
             self.found.add(f"writes outside its folder ({target[:120]!r})")
+        elif target is not None and posixpath.normpath(target).split("/")[0] == WORK:
+            self.found.add(f"writes into the grader's work folder ({target[:120]!r})")
 
     def call(self, node: ast.Call) -> None:
         called = self.names.resolve(node.func)
@@ -394,6 +397,8 @@ def findings(text: str, names: Names) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRIBUTES:
             found.add(f"walks the call stack (.{node.attr})")
+        elif isinstance(node, ast.Attribute) and node.attr == "__code__" and isinstance(node.ctx, ast.Store):
+            found.add("replaces a function's code (.__code__)")
         elif isinstance(node, ast.Call):
             scan.call(node)
             if scan.names.builtin(node.func, "setattr") and len(node.args) >= 2:
@@ -617,13 +622,13 @@ def arm(record: str) -> list[str]:
 
 def arm_line(folder: str) -> str:
     """The kernel's start-up line (IPython's ``exec_lines``) that arms the tripwires, binding no name."""
-    record = os.path.join(folder, ".vitlab-grader", TRIPPED)
+    record = os.path.join(folder, WORK, TRIPPED)
     return f"__import__({__name__!r}, fromlist=['arm']).arm({record!r})"
 
 
 def read_tripped(folder: str | os.PathLike[str]) -> list[str]:
     """The tripwires that went off in a kernel whose folder is ``folder`` (what the record holds now)."""
-    path = os.path.join(folder, ".vitlab-grader", TRIPPED)
+    path = os.path.join(folder, WORK, TRIPPED)
     try:
         with builtins.open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read(65536)
