@@ -68,7 +68,7 @@ HABITS = [
     "from google.colab import drive\n\ndrive.mount('/content/drive')",
     "import sys\nfrom pathlib import Path\n\nimport numpy as np\nimport torch\n\n"
     "IN_COLAB = 'google.colab' in sys.modules\nroot = Path.home() / 'data' if not IN_COLAB else Path('~/data')\n"
-    "cache = Path('~/.cache').expanduser()\n"
+    "cache = Path('~/.cache').expanduser()\nlabel = '~/data'.replace('~', 'home')\n"
     "tokens = torch.stack([torch.zeros(3), torch.ones(3)])\ngrid = np.stack([np.zeros(2), np.ones(2)])\n"
     "torch.save(tokens, 'tokens.pt')\ntorch.save(tokens, '/content/drive/MyDrive/tokens.pt')\n"
     "with open('notes.txt', 'w') as f:\n    f.write(str(root))",

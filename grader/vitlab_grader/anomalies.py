@@ -262,7 +262,24 @@ _PATHS = {"pathlib.Path", "pathlib.PosixPath", "pathlib.PurePath", "pathlib.Pure
 class _Scan:
     names: Names
     paths: dict[str, str] = field(default_factory=dict)  # local name -> the path it holds
+    path_objects: set[str] = field(default_factory=set)  # local names that hold a pathlib path
     found: set[str] = field(default_factory=set)
+
+    def is_path_object(self, node: ast.AST) -> bool:
+        """Whether an expression is a pathlib path (a string's ``replace`` is no file's)."""
+        if isinstance(node, ast.Name):
+            return node.id in self.path_objects
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            return self.is_path_object(node.left)
+        if isinstance(node, ast.Call):
+            if self.names.resolve(node.func) in _PATHS - {"os.fspath"}:
+                return True
+            func = node.func
+            return isinstance(func, ast.Attribute) and (
+                (func.attr in ("home", "cwd") and self.names.resolve(func.value) in _PATHS)
+                or (func.attr in ("expanduser", "resolve", "absolute", "joinpath") and self.is_path_object(func.value))
+            )
+        return False
 
     def path(self, node: ast.AST) -> str | None:
         """The path an expression is, where the code makes it from constants (``Path.home() / "x"``)."""
@@ -278,7 +295,7 @@ class _Scan:
             func, args = node.func, node.args
             called = self.names.resolve(func)
             parts: list[str | None] = []
-            if called == "pathlib.Path.home" or (isinstance(func, ast.Attribute) and func.attr == "home" and not args):
+            if called == "pathlib.Path.home":
                 return "~"
             if called in ("pathlib.Path.cwd", "os.getcwd"):
                 return "."
@@ -307,7 +324,7 @@ class _Scan:
         mode_node = arg[1] if len(arg) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
         mode = _string(mode_node, self.names.strings) if mode_node is not None else "r"
         if (called in ("builtins.open", "io.open", "codecs.open") or self.names.builtin(node.func, "open")) and arg:
-            if mode is None or set(mode) & set("wax+"):
+            if mode is not None and set(mode) & set("wax+"):
                 self.write(arg[0])
         elif called == "os.open" and arg:
             flags = ast.unparse(arg[1]) if len(arg) > 1 else ""
@@ -317,7 +334,10 @@ class _Scan:
             for index in _WRITES[called]:
                 keyword = next((k.value for k in node.keywords if k.arg in ("dst", "f", "file", "path")), None)
                 self.write(arg[index] if index < len(arg) else keyword)
-        elif isinstance(node.func, ast.Attribute) and node.func.attr in _PATH_WRITES | {"open"}:
+        elif (
+            isinstance(node.func, ast.Attribute) and node.func.attr in _PATH_WRITES | {"open"}
+            and self.is_path_object(node.func.value)
+        ):  # fmt: skip
             if node.func.attr == "open":
                 mode_node = arg[0] if arg else next((k.value for k in node.keywords if k.arg == "mode"), None)
                 mode = _string(mode_node, self.names.strings) if mode_node is not None else "r"
@@ -368,6 +388,8 @@ def findings(text: str, names: Names) -> set[str]:
             target = scan.path(node.value)
             if target is not None:
                 scan.paths[node.targets[0].id] = target
+            if scan.is_path_object(node.value):
+                scan.path_objects.add(node.targets[0].id)
     for node, name in _uses(tree, names):
         parent = parents.get(node)
         if isinstance(parent, ast.Attribute) and parent.value is node and names.resolve(parent):
