@@ -289,3 +289,10 @@ def test_every_vitlab_answer_named_for_a_check_exists() -> None:
     for check, names in scan.ANSWERED_BY.items():
         assert check in vitlab.checks.__all__, check
         assert all(callable(scan.resolve_object(name)) for name in names), (check, names)
+
+
+def test_undoing_a_tripwire_is_found(chapter: Any) -> None:
+    code = "import importlib\n\nimportlib.reload(vitlab.checks.pit)\n"
+    code += "vitlab.checks.pit._pool.__code__ = (lambda: 0).__code__"
+    found = judge(chapter, submit(chapter, None, code))["suspicious"]
+    assert "reloads a module (importlib.reload)" in found and "replaces a function's code (.__code__)" in found
