@@ -13,7 +13,9 @@ work is worth 1 point; then it attacks, one kind per notebook (the kinds of issu
 6. submit vitlab's own function (keeps its score, flagged);
 7. read a classmate's notebook or the instructor's solutions, overwrite a classmate's
    file, start a detached process that outlives the kernel;
-8. read the grader's environment.
+8. read the grader's environment;
+9. call the check's private reference through a name no scan can read, or through ``sys.modules``
+   (a tripwire in the kernel: it computes nothing, and the call is reported).
 
 All of them are graded in one ``grade`` run (kernels are the slow part: a few seconds each).
 The in-place and float probes at the end need no kernel.
@@ -142,6 +144,21 @@ COPIED = """from vitlab.layers.attention import explicit_attention
 
 def attention(q, k, v, mask=None):
     return explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask)[0]"""
+REFERENCE = "vitlab.checks.attention._reference"
+COMPUTED_NAME = """import codecs
+import importlib
+
+hidden = importlib.import_module(codecs.decode("ivgyno.purpxf.nggragvba", "rot13"))  # no name to read
+reference = getattr(hidden, codecs.decode("_ersrerapr", "rot13"))
+
+
+def attention(q, k, v, mask=None):
+    return reference(q, k, v, mask)"""
+BY_SYS_MODULES = """import sys
+
+
+def attention(q, k, v, mask=None):
+    return sys.modules["vitlab.checks.attention"]._reference(q, k, v, mask)"""
 
 
 def combine(*changes: Any) -> Any:
@@ -175,7 +192,7 @@ ATTACKS: dict[str, tuple[Any, list[str]]] = {
             f"replaces vitlab.checks.{ATTENTION}",
             "replaces vitlab.checks._core.problem",
             "uses vitlab.checks._core.problem",
-            "changes or reads sys.modules",
+            "reads or changes sys.modules",
         ],
     ),  # fmt: skip
     "2_show_a_pass": (
@@ -199,9 +216,14 @@ ATTACKS: dict[str, tuple[Any, list[str]]] = {
     ),
     "7_at_grading_time": (
         append(READ_OTHERS, OVERWRITE, DETACHED),
-        ["names a path outside its folder", "starts processes (subprocess)"],
+        ["writes outside its folder", "starts processes (subprocess.Popen)"],
     ),
-    "8_environment": (replace_stub(ENVIRONMENT), ["reads the environment"]),
+    "8_environment": (replace_stub(ENVIRONMENT), ["reads or sets the environment (os.environ.get)"]),
+    "9_reference_by_computed_name": (replace_stub(COMPUTED_NAME), [f"the code called {REFERENCE}"]),
+    "9_reference_by_sys_modules": (
+        replace_stub(BY_SYS_MODULES),
+        [f"the code called {REFERENCE}", "reads or changes sys.modules", f"uses {REFERENCE} (from vitlab.checks)"],
+    ),
 }
 
 
@@ -286,11 +308,12 @@ def test_a_copied_reference_keeps_its_score_and_is_flagged_by_name(attacked: dic
     assert copied["score"] == 3
     assert copied["flags"] == [f"{ATTENTION}: vitlab.layers.attention.explicit_attention"]
     private = attacked["results"]["6_private_reference"]
-    assert private["score"] == 3
-    assert "the answer is vitlab's own vitlab.checks.attention._reference" in private["flags"][0]
-    assert "uses vitlab.checks.attention._reference (from vitlab.checks)" in private["anomalies"]
+    assert private["score"] == 1  # the check's own reference is a tripwire in the kernel: it computes nothing
+    assert f"the answer is vitlab's own {REFERENCE}" in private["flags"][0]
+    assert f"uses {REFERENCE} (from vitlab.checks)" in private["anomalies"]
+    assert any(a.startswith(f"the code called {REFERENCE}") for a in private["anomalies"]), report(private)
     feedback = (attacked["feedback"] / "6_copied_ch.md").read_text(encoding="utf-8")
-    assert r"vitlab\.layers\.attention\.explicit\_attention" in feedback  # Markdown-escaped student text
+    assert "Score: **3 / 3**" in feedback and "explicit" not in feedback  # the flag is the instructor's
 
 
 @pytest.mark.slow
@@ -415,16 +438,6 @@ def test_a_failing_number_shows_enough_digits_to_differ() -> None:
     assert message == "expected 0.00030459, got 0.00030458"
     tensor = problem(torch.tensor([1.0, 2.000001]), torch.tensor([1.0, 2.0]), Expect(rtol=0, atol=1e-9))
     assert tensor is not None and "(expected 2, got 2.000001)" in tensor
-
-
-def test_every_vitlab_answer_named_for_a_check_exists() -> None:
-    # A renamed layer would silently stop the copied-answer flag of its check.
-    import vitlab.checks
-    from vitlab_grader.release import ANSWERED_BY, _resolve
-
-    for check, names in ANSWERED_BY.items():
-        assert check in vitlab.checks.__all__, check
-        assert all(callable(_resolve(name)) for name in names), (check, names)
 
 
 # ---------------------------------------------------------------- hidden cases (issue 28, item 3)

@@ -18,6 +18,7 @@ from vitlab_grader.grade import NotebookResult, grade, read_results
 from vitlab_grader.ids import SOURCES, StudentIdError, common_root
 from vitlab_grader.isolation import DEFAULT_LIMITS, Limits
 from vitlab_grader.report import (
+    ANOMALIES,
     CSV_COLUMNS,
     summary,
     write_csv,
@@ -249,7 +250,8 @@ def _write_gradebook(args: argparse.Namespace, results: list) -> None:
             results, args.gradebook, assignment=args.assignment, points=args.points, roster=args.roster
         )
     elif args.lms == "moodle":
-        notes = write_moodle(results, args.gradebook, points=args.points, worksheet=args.roster)
+        notes = write_moodle(results, args.gradebook, points=args.points, worksheet=args.roster,
+                             anomalies_to=args.anomalies)  # fmt: skip
     else:
         write_gradebook(results, args.gradebook, args.id_column)
         return
@@ -261,8 +263,8 @@ def _write_feedback(args: argparse.Namespace, results: list) -> list:
     from vitlab_grader.lms import write_moodle_feedback
 
     if args.lms == "moodle":
-        return write_moodle_feedback(results, args.feedback, args.feedback_format)
-    return write_feedback(results, args.feedback, args.feedback_format)
+        return write_moodle_feedback(results, args.feedback, args.feedback_format, args.anomalies)
+    return write_feedback(results, args.feedback, args.feedback_format, args.anomalies)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -371,6 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--feedback", metavar="DIR", help="also write one feedback file per submission into DIR")
     p.add_argument(
         "--feedback-format", choices=("md", "html"), default="md", help="feedback as Markdown or HTML (default md)"
+    )
+    p.add_argument(
+        "--anomalies",
+        choices=ANOMALIES,
+        default="instructor",
+        help="who reads the anomalies and flags: the instructor only (the report, JSON and gradebook; default) "
+        "or the student too (the feedback, Moodle's feedback comments)",
     )
     p.add_argument(
         "--lms",

@@ -26,7 +26,8 @@ each one alone:
    reported (a table of the public outputs scores the public cases only).
 5. **Copied references flagged.** An answer that is, or names, a vitlab object the
    exercise asks the student to write, or anything of ``vitlab.checks``, keeps its score
-   and is flagged by name.
+   and is flagged by name; in the kernel the checks' own functions are tripwires that
+   compute nothing and report the call (:mod:`vitlab_grader.anomalies`).
 
 Each notebook has a time limit (kernel start-up not counted) and, optionally, one per
 cell. Cells that raise do not stop it, so later checks still run. A cell past the per-cell
@@ -73,18 +74,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from vitlab_grader import anomalies as scan
 from vitlab_grader.exercises import DEFAULT_POINTS, parse, source
 from vitlab_grader.release import (
     Release,
     ReleaseCheck,
-    copied_references,
     hidden_spec,
     match_release,
     plan,
     read_release,
-    reference_objects,
-    suspicious,
-    vitlab_names,
 )
 
 STATUSES = ("PASS", "FAIL", "TODO", "ERROR", "TIMEOUT")
@@ -706,11 +704,10 @@ def _run_in(
     secret = settings.secret
     hidden = {check.check: hidden_spec(check.check, secret) for check in release.checks} if secret else {}
     code = [source(cells[n]) for kind, n in planned.origins if kind == "student"]
-    release_code = [
-        source(c) for i, c in enumerate(release.notebook.get("cells", []))
-        if c.get("cell_type") == "code" and i not in {check.cell for check in release.checks}
-    ]  # fmt: skip
-    baseline = vitlab_names(release_code)
+    # judged: the cells the student wrote or changed; the release's own only bind names
+    written = scan.student_cells([cells[n] for kind, n in planned.origins if kind == "student"],
+                                 release.notebook.get("cells", []))  # fmt: skip
+    names = _scan(result, code, lambda: scan.names_of(code), scan.Names())
     for text in code:  # what the scan cannot parse: reported, the rest is scanned
         try:
             parse(text)
@@ -718,9 +715,10 @@ def _run_in(
             if str(exc.msg).startswith("too complex to parse"):
                 note = f"the static scan could not read a cell: {exc.msg}"
                 result.anomalies += [] if note in result.anomalies else [note]
-    used = _scan(result, code, lambda: copied_references(code, baseline), [])
+    used = _scan(result, code, lambda: scan.from_checks(written, names), [])
     result.anomalies += [f"uses {name} (from vitlab.checks)" for name in used]
-    result.anomalies += [f"the code {what}" for what in _scan(result, code, lambda: suspicious(code, release_code), [])]
+    found = _scan(result, code, lambda: scan.suspicious(written, names), [])
+    result.anomalies += [f"the code {what}" for what in found]
     run_cells = [nbformat.v4.new_code_cell(text) for text in planned.sources]
     run_notebook = nbformat.v4.new_notebook(cells=run_cells, metadata=release.notebook.get("metadata", {}))
     describe = partial(_describe, planned.origins, release, cells)
@@ -728,8 +726,10 @@ def _run_in(
     number_at = {i: number for i, (kind, number) in enumerate(planned.origins) if kind == "check"}
     work = folder / _WORK
     saved: dict[int, bytes | str] = {}  # the answers files, read right after their check cells
+    tripped: list[str] = []  # the checks' references the kernel called (read with each answers file)
 
     def read_now(index: int) -> None:
+        tripped.extend(scan.read_tripped(folder))
         answers = work / f"{number_at[index]}-answers.pt"
         if not os.path.lexists(answers):
             saved[index] = "the grader's cell saved no answers"
@@ -743,7 +743,12 @@ def _run_in(
     _write_cases(folder, release.checks, specs, hidden)
     limits = settings.limits if settings.limits is not None else DEFAULT_LIMITS
     km, isolation = isolated_kernel_manager(
-        folder, scrubbed_env(), sandbox=settings.sandbox, limits=limits, parent=settings.run_dir
+        folder,
+        scrubbed_env(),
+        sandbox=settings.sandbox,
+        limits=limits,
+        parent=settings.run_dir,
+        startup=[scan.arm_line(str(folder))],
     )
     result.sandbox, result.isolation = isolation.sandbox, isolation.note
     try:
@@ -751,6 +756,8 @@ def _run_in(
     finally:
         end_processes(km)  # every process the kernel started is gone before anything is read
     result.seconds = round(time.monotonic() - start, 1)
+    for name in dict.fromkeys([*tripped, *scan.read_tripped(folder)]):
+        result.anomalies.append(f"the code called {name}, a check's own code (it computed nothing)")
     result.restarts = run.restarts
     if run.output_bytes > OUTPUT_LIMIT:
         result.anomalies.append(
@@ -792,8 +799,8 @@ def _run_in(
                 f"{check.check}: every public case passes, but hidden cases fail: an answer fitted to the public "
                 "cases (a table of their outputs?) or a slip they do not catch"
             )
-        references = reference_objects(spec.reference, check.check)
-        flags = _scan(result, code, lambda: copied_references(code, baseline, references), [])  # noqa: B023
+        references = scan.reference_objects(spec.reference, check.check)
+        flags = _scan(result, code, lambda: scan.copied(written, names, check.function, references), [])  # noqa: B023
         if function.startswith("vitlab."):
             flags.append(f"the answer is vitlab's own {function}")
         score = _score(status, check.points, fraction, settings.all_or_nothing)

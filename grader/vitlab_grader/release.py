@@ -5,16 +5,14 @@ cells, drops every check cell it has (tagged ``check`` or calling ``vitlab.check
 puts a grader's cell (:mod:`vitlab_grader.harness`) where each of the release's check
 cells is. What differs from the release is an *anomaly*: a check cell edited, missing,
 duplicated or added, its metadata changed (points, tags), a stamp that names another
-notebook. Anomalies never change a score; the report lists them.
+notebook. Anomalies never change a score; the report lists them. What the student's own
+code does is read in :mod:`vitlab_grader.anomalies`.
 
 **Hidden cases.** A release may have a secret (:func:`read_secret`, written by
 ``student --secret FILE``) that the instructor keeps and students never get. Each check then
 also has hidden cases (:func:`hidden_spec`): the check's own cases built again under
 :func:`vitlab.checks._core.hidden_cases` with the key ``HMAC-SHA256(secret, check name)``:
 the same kinds and sizes, other values. A table of the public cases' outputs fails them.
-
-:func:`copied_references` reads the submission's code (never runs it) for uses of
-``vitlab.checks`` and of the vitlab objects a check's reference is built from.
 """
 
 from __future__ import annotations
@@ -22,9 +20,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import hmac
-import importlib
 import os
-import re
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -311,200 +307,3 @@ def plan(notebook: dict[str, Any], release: Release, harness: Callable[[ReleaseC
         result.sources.append(harness(check))
         result.origins.append(("check", check.number))
     return result
-
-
-# ---------------------------------------------------------------- copied references
-
-
-def _imported_names(tree: ast.AST) -> dict[str, str]:
-    """``{local name: dotted vitlab name}`` that the code's imports bind."""
-    names = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "vitlab":
-                    names[alias.asname or "vitlab"] = alias.name if alias.asname else "vitlab"
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vitlab":
-            for alias in node.names:
-                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return names
-
-
-def _dotted(node: ast.AST) -> list[str] | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return [node.id, *reversed(parts)]
-    return None
-
-
-def vitlab_names(code: Iterable[str]) -> set[str]:
-    """Every dotted vitlab name the code imports or uses, e.g. ``vitlab.layers.attention.explicit_attention``."""
-    found: set[str] = set()
-    for text in code:
-        try:
-            tree = parse(text)
-        except SyntaxError:
-            continue
-        imported = _imported_names(tree)
-        found |= {name for name in imported.values() if name.count(".") >= 1}
-        for node in ast.walk(tree):
-            parts = _dotted(node) if isinstance(node, ast.Attribute) else None
-            if parts and parts[0] in imported:
-                found.add(".".join([imported[parts[0]], *parts[1:]]))
-    return found
-
-
-def _resolve(name: str) -> Any:
-    """The vitlab object a dotted name names (vitlab's own modules only), or ``None``."""
-    parts = name.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for attr in parts[split:]:
-            obj = getattr(obj, attr, None)
-        return obj
-    return None
-
-
-# The vitlab objects that answer a check whose reference is written in the check itself: a
-# submission that uses one of them for that exercise has copied the answer.
-ANSWERED_BY: dict[str, tuple[str, ...]] = {
-    "patchify": ("vitlab.layers.patch_embed.patchify",),
-    "unpatchify": ("vitlab.layers.patch_embed.unpatchify",),
-    "scaled_dot_product_attention": (
-        "vitlab.layers.attention.explicit_attention",
-        "vitlab.layers.attention.fused_attention",
-    ),
-    "layer_scale_init": ("vitlab.models.cait.layer_scale_init_for_depth",),
-    "levit_bias_indices": ("vitlab.models.levit.attention_bias_index",),
-    "levit_shrink_bias_indices": ("vitlab.models.levit.attention_bias_index",),
-    "soft_distillation_loss": ("vitlab.distill.soft_distillation_loss",),
-    "hard_distillation_loss": ("vitlab.distill.hard_distillation_loss",),
-    "warmup_cosine": ("vitlab.train.warmup_cosine",),
-    "mean_pool_rollout": ("vitlab.rollout.attention_rollout",),
-}
-
-
-def reference_objects(reference: Callable[..., Any], check: str = "") -> list[Any]:
-    """The vitlab objects a check's reference is: itself, or (defined in vitlab.checks) the vitlab
-    functions and classes its code names, and those that answer ``check`` (:data:`ANSWERED_BY`)."""
-    module = getattr(reference, "__module__", "") or ""
-    if module.startswith("vitlab.") and not module.startswith("vitlab.checks"):
-        return [reference]
-    answers = [obj for name in ANSWERED_BY.get(check, ()) if (obj := _resolve(name)) is not None]
-    code = getattr(reference, "__code__", None)
-    scope = getattr(reference, "__globals__", {})
-    found = []
-    stack = [code] if code is not None else []
-    while stack:
-        current = stack.pop()
-        stack.extend(c for c in current.co_consts if hasattr(c, "co_names"))
-        for name in current.co_names:
-            obj = scope.get(name)
-            owner = getattr(obj, "__module__", "") or ""
-            if callable(obj) and owner.startswith("vitlab.") and not owner.startswith("vitlab.checks"):
-                found.append(obj)
-    return answers + found
-
-
-def copied_references(code: list[str], baseline: set[str], references: list[Any] | None = None) -> list[str]:
-    """The vitlab names the submission's code uses that look like a copied answer.
-
-    ``code``: the submission's code cells (its check cells left out); ``baseline``: the
-    names the release's own cells use (its ``import vitlab.checks`` is not a copy).
-    Without ``references``: the names inside ``vitlab.checks`` (a check's private reference
-    or machinery); with them (:func:`reference_objects` of one exercise): the names that
-    are one of them.
-    """
-    flagged = []
-    for name in sorted(vitlab_names(code) - baseline):
-        inside_checks = name.startswith("vitlab.checks.") and name.count(".") >= 2
-        if references is None:
-            if inside_checks:
-                flagged.append(name)
-        elif not inside_checks and any(_resolve(name) is r for r in references):
-            flagged.append(name)
-    return flagged
-
-
-# ---------------------------------------------------------------- what the code tries
-
-
-_STACK = {"f_back", "f_locals", "f_globals", "_getframe", "currentframe", "stack", "getouterframes", "tb_frame"}
-_PROCESSES = {"subprocess", "multiprocessing", "pty"}
-_OS_PROCESSES = {"system", "popen", "fork", "forkpty", "setsid", "execv", "execve", "execvp", "posix_spawn"}
-_CHECK_LINE = re.compile(r"\b(PASS|FAIL|TODO) [A-Za-z_]\w*[ :\[]")
-_OUTSIDE = re.compile(r"^(/|~)|(^|/)\.\.(/|$)")
-_SHELL = re.compile(r"^\s*(!|%%(bash|sh|script)\b|%(system|sx)\b)", re.MULTILINE)
-
-
-def _findings(text: str) -> set[str]:
-    """What one code cell does that a grader should know of (see :func:`suspicious`)."""
-    found = set()
-    if _SHELL.search(text):
-        found.add("runs shell commands")
-    try:
-        tree = parse(text)
-    except SyntaxError:
-        return found
-    imported = _imported_names(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            parts = _dotted(node)
-            if parts and isinstance(node.ctx, (ast.Store, ast.Del)) and parts[0] in imported:
-                found.add(f"replaces {'.'.join([imported[parts[0]], *parts[1:]])}")
-            if node.attr in _STACK:
-                found.add(f"walks the call stack ({node.attr})")
-            if parts and parts[-2:] == ["sys", "modules"]:
-                found.add("changes or reads sys.modules")
-            if parts and parts[-2:] in (["os", "environ"], ["os", "getenv"], ["os", "environb"]):
-                found.add("reads the environment (os.environ)")
-            if parts and len(parts) >= 2 and parts[-2] == "os" and parts[-1] in _OS_PROCESSES:
-                found.add(f"starts processes (os.{parts[-1]})")
-            if node.attr == "register" and parts and "events" in parts:
-                found.add("registers an IPython event hook")
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for module in modules:
-                if module.split(".")[0] in _PROCESSES:
-                    found.add(f"starts processes ({module})")
-            if isinstance(node, ast.ImportFrom) and node.module == "os":
-                for alias in node.names:
-                    if alias.name in _OS_PROCESSES:
-                        found.add(f"starts processes (os.{alias.name})")
-                    if alias.name in ("environ", "getenv"):
-                        found.add("reads the environment (os.environ)")
-            if isinstance(node, ast.ImportFrom) and node.module == "sys":
-                if any(a.name == "modules" for a in node.names):
-                    found.add("changes or reads sys.modules")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            value = node.value
-            line = _CHECK_LINE.search(value)
-            if line is not None:
-                found.add(f"writes a check's result line ({line.group(0).strip(' :[')} ...)")
-            if "vnd.vitlab" in value:
-                found.add("shows data of the checks' MIME type")
-            if value in ("post_run_cell", "pre_run_cell", "post_execute", "pre_execute"):
-                found.add(f"registers an IPython event hook ({value})")
-            if _OUTSIDE.search(value.strip()) and "\n" not in value and len(value) < 300:
-                found.add(f"names a path outside its folder ({value.strip()!r})")
-    return found
-
-
-def suspicious(code: list[str], release_code: list[str]) -> list[str]:
-    """What the submission's code does that no honest answer needs, for the instructor to look at.
-
-    Replacing anything of vitlab, walking the call stack, touching ``sys.modules``,
-    registering IPython event hooks, writing a check's ``PASS`` line or showing the checks'
-    data, reading the environment, starting processes, naming paths outside its folder.
-    What the release's own cells do (``release_code``) is not reported. These are hints
-    read from the code, not proof, and they never change a score.
-    """
-    baseline = set().union(*(_findings(text) for text in release_code)) if release_code else set()
-    found = set().union(*(_findings(text) for text in code)) if code else set()
-    return sorted(found - baseline)
