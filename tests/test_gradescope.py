@@ -119,6 +119,7 @@ def test_results_json_follows_the_documented_format(release: Path) -> None:
             ),
             ExerciseResult("sub/ch.ipynb", attention.check, "attention", "ERROR", "the kernel died", 2.0, 0.0, None),  # type: ignore[arg-type]
         ],
+        anomalies=["token_count: the answers file changed after its check ran"],
     )
     document = results_json([notebook], [ch], "visible", 12.3)
     check_results(document)
@@ -128,6 +129,8 @@ def test_results_json_follows_the_documented_format(release: Path) -> None:
     assert document["score"] == 0.5 and document["extra_data"]["unscored"] == [
         f"{attention.check}: ERROR: the kernel died"
     ]
+    assert document["extra_data"]["anomalies"] == ["token_count: the answers file changed after its check ran"]
+    assert "answers file" not in document["output"]  # the instructor's, not the student's
     missing = results_json([], [ch], "visible", 1)  # nothing submitted: every exercise "not submitted", 0
     check_results(missing)
     assert [t["max_score"] for t in missing["tests"]] == [1.0, 2.0] and missing["score"] == 0

@@ -185,7 +185,7 @@ def _test(name: str, score: float, max_score: float, status: str, output: str, v
 
 def results_json(results: list[Any], releases: list[Any], visibility: str, seconds: float) -> dict[str, Any]:
     """Gradescope's ``results.json`` for one submission's graded notebooks (the module's docstring)."""
-    from vitlab_grader.report import clean, exercise_score, feedback_markdown, number, unscored
+    from vitlab_grader.report import anomalies, clean, exercise_score, feedback_markdown, number, unscored
 
     tests: list[dict[str, Any]] = []
     unscored_notes: list[str] = []
@@ -225,7 +225,8 @@ def results_json(results: list[Any], releases: list[Any], visibility: str, secon
         "output_format": "md",
         "visibility": visibility,
         "stdout_visibility": "hidden",
-        "extra_data": {"unscored": unscored_notes},
+        # Gradescope stores extra_data without showing it to the student: the anomalies go there.
+        "extra_data": {"unscored": unscored_notes, "anomalies": [note for r in results for note in anomalies(r)]},
         "tests": tests,
     }
 
