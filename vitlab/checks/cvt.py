@@ -125,7 +125,7 @@ def _avg_attention(x: Tensor, grid_size: tuple[int, int], attn: ConvAttention, *
         rearrange(p(t), f"B N ({split}) -> B h N d", h=attn.num_heads)
         for p, t in zip((attn.proj_q, attn.proj_k, attn.proj_v), (q, k, v))
     )
-    scale = {"head_dim_scale": attn.head_dim**-0.5, "unscaled": 1.0, "scaled_after": 1.0}.get(wrong, attn.scale)
+    scale = {"head_dim_scale": attn.head_dim**-0.5, "unscaled": 1.0, "scaled_after": 1.0}.get(wrong or "", attn.scale)
     logits = q @ k.transpose(-2, -1) * scale  # (B, h, N_q, N_k)
     weights = naive_softmax_of(logits) if wrong == "naive_softmax" else logits.softmax(dim=-1)
     out = weights * (attn.scale if wrong == "scaled_after" else 1.0) @ v  # (B, h, N_q, d)

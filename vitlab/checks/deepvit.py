@@ -82,17 +82,16 @@ _RE_ATTENTION_LN_WRONGS = (
         "weight and bias are not applied: after normalising, multiply by weight and add bias, per head",
     ),
     *(
-        KnownWrong(lambda a, t, w, b, knobs=knobs: _standardise(_mix(a, t), (1,), w, b, **knobs), message)
-        for message, knobs in (
-            (
-                "eps is added to the standard deviation, std + eps; LayerNorm adds it to the variance, "
-                "sqrt(var + 1e-5)",
-                {"eps_inside": False},
-            ),
-            ("eps is missing: LayerNorm divides by sqrt(var + 1e-5)", {"eps": 0.0}),
-            ("eps is 1e-6 (timm's ViT LayerNorms); nn.LayerNorm's default, asked for here, is 1e-5", {"eps": 1e-6}),
+        KnownWrong(
+            lambda a, t, w, b, e=e, inside=inside: _standardise(_mix(a, t), (1,), w, b, eps=e, eps_inside=inside),
+            message,
         )
-    ),
+        for message, e, inside in (
+            ("eps is added to the standard deviation (std + eps); LayerNorm takes sqrt(var + 1e-5)", 1e-5, False),
+            ("eps is missing: LayerNorm divides by sqrt(var + 1e-5)", 0.0, True),
+            ("eps is 1e-6 (timm's ViT LayerNorms); nn.LayerNorm's default, asked for here, is 1e-5", 1e-6, True),
+        )
+    ),  # fmt: skip
     KnownWrong(
         lambda a, t, w, b: _mix(_standardise(a, (1,), w, b), t),
         f"the LayerNorm runs before the mixing; it normalises the mixed maps: {_LN_RIGHT}",

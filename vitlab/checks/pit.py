@@ -24,7 +24,7 @@ from vitlab.checks._slips import COLUMN_MAJOR, GRID_W_H, PADDING, RESHAPED_WEIGH
 
 
 def _pool(
-    x: Tensor, weight: Tensor, bias: Tensor, *, stride: int = 2, padding: int = 1, pad_mode: str = "zeros",
+    x: Tensor, weight: Tensor, bias: Tensor | None, *, stride: int = 2, padding: int = 1, pad_mode: str = "zeros",
     repeated: bool = False,
 ) -> Tensor:  # fmt: skip
     """PiT's grouped convolution; the keywords make known wrong answers (``pad_mode``: a key of ``PADDING``;
@@ -55,8 +55,9 @@ def _stage(
     else:
         fmap = rearrange(spatial, f"B ({'W H' if wrong == 'swapped_hw' else 'H W'}) C -> B C H W", H=H, W=W)
     pad_mode = wrong if wrong in PADDING else "zeros"
-    pooled = _pool(fmap, conv_weight, None if wrong == "conv_bias" else conv_bias, padding=0 if wrong == "no_padding"
-                   else 1, pad_mode=pad_mode, repeated=wrong == "repeated")  # (B, 2C, H', W')  # fmt: skip
+    bias = None if wrong == "conv_bias" else conv_bias
+    pooled = _pool(fmap, conv_weight, bias, padding=0 if wrong == "no_padding" else 1, pad_mode=pad_mode,
+                   repeated=wrong == "repeated")  # (B, 2C, H', W')  # fmt: skip
     fc = fc_weight.reshape(C, -1).T if wrong == "fc_reshaped" else fc_weight  # cls @ fc_weight.reshape(C, 2C)
     cls_out = F.linear(cls, fc, None if wrong == "fc_bias" else fc_bias)  # (B, 1, 2C)
     if wrong == "cls_conv":  # the cls token through the conv, as a 1 x 1 map
