@@ -34,8 +34,8 @@ def _attention(
     naive_softmax: bool = False,
 ) -> Tensor:  # fmt: skip
     """Attention with the knobs the known wrong answers turn (``scale``, ``after``: see :func:`_width`;
-    ``mask_as``: ``"fill"``, ``"none"``, ``"inverted"``, ``"after"`` the softmax, ``"added"`` as 0/1, or
-    ``"sdpa_inverted"``); the defaults give the right one."""
+    ``mask_as``: ``"fill"``, ``"none"``, ``"inverted"``, ``"after"`` the softmax, ``"renormalised"``
+    after it, ``"added"`` as 0/1, or ``"sdpa_inverted"``); the defaults give the right one."""
     if mask is not None and mask_as == "sdpa_inverted":  # True = ignore, given to SDPA (True = attend)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, scale=_width(q, v, scale))
     logits = (q @ k.transpose(-2, -1)) * _width(q, v, scale)
@@ -44,8 +44,10 @@ def _attention(
     if mask is not None and mask_as == "added":
         logits = logits + mask.float()
     weights = naive_softmax_of(logits, softmax_dim) if naive_softmax else logits.softmax(dim=softmax_dim)
-    if mask is not None and mask_as == "after":
+    if mask is not None and mask_as in ("after", "renormalised"):
         weights = weights.masked_fill(~mask, 0.0)
+    if mask is not None and mask_as == "renormalised":
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     return (weights * _width(q, v, after)) @ v
 
 
@@ -70,6 +72,9 @@ _SLIPS = (
      "fill them with float('-inf'), whose weight is exactly 0", None, {"fill": 0.0}),
     ("the mask zeroes the weights after the softmax, so a row no longer sums to 1; fill the logits with "
      "float('-inf') before the softmax, which renormalises over the keys that are left", None, {"mask_as": "after"}),
+    ("the masked weights are zeroed after the softmax and the rest renormalised: with large logits the masked "
+     "keys take all the weight, the others underflow to 0 and 0 / 0 is NaN; fill the logits with float('-inf') "
+     "before the softmax", None, {"mask_as": "renormalised"}),
     ("the 0/1 mask is added to the logits, which only nudges them by 1; fill the masked logits with float('-inf') "
      "(masked_fill), or add a float mask of 0 and -inf", None, {"mask_as": "added"}),
 )  # fmt: skip
@@ -196,6 +201,8 @@ _CROSS_WRONGS = _wrongs(_padded_cross, (
      "(masked_fill returns a new tensor)", 4, {"mask_as": "none"}),
     ("one padding key too many is kept: key j of sequence b is real when j < key_lengths[b], "
      "torch.arange(N) < key_lengths[:, None] (not <=)", None, {"extra_key": 1}),
+    ("one real key too few is kept: key j of sequence b is real when j < key_lengths[b], "
+     "torch.arange(N) < key_lengths[:, None] (not key_lengths - 1)", None, {"extra_key": -1}),
     ("the logits are scaled by the value width, v.shape[-1]**-0.5; the scale belongs to the dot product q k^T, "
      "so use the query/key width, q.shape[-1]**-0.5", 3, {"scale": "v"}),
     *_SLIPS,

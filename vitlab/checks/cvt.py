@@ -111,7 +111,8 @@ def _avg_attention(x: Tensor, grid_size: tuple[int, int], attn: ConvAttention, *
     if attn.with_cls_token:
         cls, x = x[:, :1], x[:, 1:]
     fmap = rearrange(x, "B (H W) C -> B C H W", H=H, W=W)
-    pooled = F.avg_pool2d(fmap, 3, stride=2, padding=1, ceil_mode=wrong != "floor",
+    k = 2 if wrong == "pool_2" else 3  # the window
+    pooled = F.avg_pool2d(fmap, k, stride=2, padding=k // 2 if k == 3 else 0, ceil_mode=wrong != "floor",
                           count_include_pad=wrong != "exclude_pad")  # fmt: skip
     kv = rearrange(pooled, "B C H W -> B (H W) C")  # (B, N', C)
     q = kv if wrong == "q_pooled" else x  # the queries: no convolution, no pooling
@@ -177,6 +178,8 @@ def cvt_avg_attention(fn: Callable[..., Any]) -> CheckResult:
         "head_dim_scale": "the logits are scaled by head_dim**-0.5; CvT scales by the embedding width, attn.scale "
         "= dim**-0.5",
         "naive_softmax": NAIVE_SOFTMAX,
+        "pool_2": "the keys and values are pooled over 2 x 2 windows; the official projection pools 3 x 3 windows "
+        "with stride 2 and padding 1: AvgPool2d(3, stride=2, padding=1, ceil_mode=True)",
         "unscaled": "the logits are not scaled; multiply q k^T by attn.scale before the softmax",
         "scaled_after": SCALED_AFTER,
         "merged_by_reshape": MERGED_BY_RESHAPE,

@@ -93,6 +93,11 @@ _RE_ATTENTION_LN_WRONGS = (
         )
     ),  # fmt: skip
     KnownWrong(
+        lambda a, t, w, b: _standardise(_mix(a, t), (2, 3), w, b),
+        f"each head's map is normalised over its (query, key) positions (an InstanceNorm); {_LN_RIGHT}",
+    ),
+    KnownWrong(lambda a, t, w, b: _re_attention_layernorm(a, t, b, w), "weight and bias are swapped"),
+    KnownWrong(
         lambda a, t, w, b: _mix(_standardise(a, (1,), w, b), t),
         f"the LayerNorm runs before the mixing; it normalises the mixed maps: {_LN_RIGHT}",
     ),

@@ -238,6 +238,10 @@ _COUNT_WRONGS = (
         "the qkv biases are not counted: ViT's qkv Linear has a bias (qkv_bias=True), 3 * D per block",
     ),
     KnownWrong(
+        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -L * (6 * D * D + 3 * D)),
+        "the MLP's hidden layer is counted D wide; it is 4 * D (MLP ratio 4): fc1 4 * D * D + 4 * D, fc2 4 * D * D + D",
+    ),
+    KnownWrong(
         lambda *config: _count(*config, extra=lambda D, L, P, K, img: -(2 * L + 1) * D),
         "each LayerNorm is counted as D parameters; it has a gain and a bias, 2 * D",
     ),
