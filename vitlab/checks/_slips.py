@@ -3,10 +3,21 @@ layout, ``nn.Linear``'s weight, the padding of a map and the grid's order."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.checks._core import PADDED_BY, same_padding
+from vitlab.checks._core import PADDED_BY, KnownWrong, same_padding
+
+
+def turned(reference: Callable[..., Any], rows: Sequence[tuple[str, int | None, dict[str, Any]]]) -> list[KnownWrong]:
+    """Known wrong answers ``reference(*args, **knobs)``, a check's reference with knobs turned, from rows
+    ``(message, pitfall, knobs)``."""
+    return [KnownWrong(partial(reference, **knobs), message, pitfall) for message, pitfall, knobs in rows]
+
 
 UNSCALED = "the logits are not scaled; multiply q k^T by d**-0.5 before the softmax"
 SCALED_AFTER = (

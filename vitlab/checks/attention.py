@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,7 +11,7 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import NAIVE_SOFTMAX, Case, CheckResult, KnownWrong, naive_softmax_of, randn, run_check, shape
-from vitlab.checks._slips import OVER_QUERIES, RESHAPED_WEIGHT, SCALED_AFTER, TOTAL_WIDTH, UNSCALED
+from vitlab.checks._slips import OVER_QUERIES, RESHAPED_WEIGHT, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -51,13 +50,6 @@ def _attention(
     return (weights * _width(q, v, after)) @ v
 
 
-def _wrongs(
-    reference: Callable[..., Tensor], slips: Sequence[tuple[str, int | None, dict[str, Any]]]
-) -> list[KnownWrong]:
-    """Known wrong answers ``reference(*args, **knobs)`` from rows ``(message, pitfall, knobs)``."""
-    return [KnownWrong(partial(reference, **knobs), message, pitfall) for message, pitfall, knobs in slips]
-
-
 # The slips of both attention checks: the scale, the softmax, the masked logits.
 _SLIPS = (
     ("the weights are divided by sqrt(embedding size) after the softmax, softmax(energy) / emb_size**0.5; scale "
@@ -78,7 +70,7 @@ _SLIPS = (
     ("the 0/1 mask is added to the logits, which only nudges them by 1; fill the masked logits with float('-inf') "
      "(masked_fill), or add a float mask of 0 and -inf", None, {"mask_as": "added"}),
 )  # fmt: skip
-_ATTENTION_WRONGS = _wrongs(_attention, (
+_ATTENTION_WRONGS = turned(_attention, (
     *_SLIPS,
     ("the mask has no effect: masked_fill returns a new tensor, so assign it, logits = logits.masked_fill(~mask, "
      "float('-inf')), before the softmax (Tensor.mask_fill does not exist)", 4, {"mask_as": "none"}),
@@ -195,7 +187,7 @@ def _padded_cross(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor, *, extra
     return _attention(q, k, v, real[:, None, None, :], **knobs)  # the mask (B, 1, 1, N): over heads and queries
 
 
-_CROSS_WRONGS = _wrongs(_padded_cross, (
+_CROSS_WRONGS = turned(_padded_cross, (
     ("the padding keys are not masked, so every query also attends to them; build the mask from key_lengths, "
      "torch.arange(N) < key_lengths[:, None], and assign logits = logits.masked_fill(~mask, float('-inf')) "
      "(masked_fill returns a new tensor)", 4, {"mask_as": "none"}),

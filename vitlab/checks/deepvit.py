@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
-from vitlab.checks._slips import MERGED_BY_RESHAPE, OVER_QUERIES, SCALED_AFTER, TOTAL_WIDTH, UNSCALED
+from vitlab.checks._slips import MERGED_BY_RESHAPE, OVER_QUERIES, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
 
 
 def _mix(attn: Tensor, theta: Tensor) -> Tensor:
@@ -189,14 +188,14 @@ _RE_ATTENTION_HEADS_WRONGS = (
         "head by head, rearrange(out, 'b h n d -> b n (h d)')",
     ),
     KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(naive_softmax_of(s), t))), NAIVE_SOFTMAX),
-    *(
-        KnownWrong(partial(_re_attention_heads, **knobs), message)
-        for message, knobs in (
-            (UNSCALED, {"scale_by": "none"}),
-            (SCALED_AFTER, {"scale_by": "after"}),
-            (TOTAL_WIDTH, {"scale_by": "total"}),
-            (MERGED_BY_RESHAPE, {"merge": "reshape"}),
-        )
+    *turned(
+        _re_attention_heads,
+        (
+            (UNSCALED, 3, {"scale_by": "none"}),
+            (SCALED_AFTER, 3, {"scale_by": "after"}),
+            (TOTAL_WIDTH, 3, {"scale_by": "total"}),
+            (MERGED_BY_RESHAPE, None, {"merge": "reshape"}),
+        ),
     ),
 )
 

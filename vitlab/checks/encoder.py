@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
+from vitlab.checks._slips import turned
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 
@@ -270,6 +270,19 @@ def _sandwich(x: Tensor, b: Block) -> Tensor:
     return b.norm2(x + b.mlp(b.norm2(x)))
 
 
+_POST_NORM_SLIPS = turned(_post_norm, (
+    ("no residual connections: LN(f(x)) replaces the tokens; add the sub-layer's input before the LayerNorm, "
+     "LN(x + f(x))", None, {"residual": (0, 0)}),
+    ("the attention sub-layer has no residual: x = norm1(x + attn(x))", None, {"residual": (0, 1)}),
+    ("the MLP sub-layer has no residual: norm2(x + mlp(x))", None, {"residual": (1, 0)}),
+    ("norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP", None, {"norms": "21"}),
+    ("norm1 is used after the MLP too; each sub-layer has its own LayerNorm: norm2(x + mlp(x))", None,
+     {"norms": "11"}),
+    ("the LayerNorm after the attention sub-layer (norm1) is missing", None, {"norms": "-2"}),
+    ("the LayerNorm after the MLP sub-layer (norm2) is missing", None, {"norms": "1-"}),
+    ("the LayerNorms have no weight and bias (F.layer_norm(x, shape) alone); call block.norm1 and block.norm2, "
+     "whose gain and bias are learned", None, {"norms": "pp"}),
+))  # fmt: skip
 _POST_NORM_WRONGS = (
     KnownWrong(
         _pre_norm,
@@ -281,30 +294,7 @@ _POST_NORM_WRONGS = (
         "the LayerNorm is applied to the sub-layer's output only, x + LN(f(x)); post-norm normalises "
         "the sum: LN(x + f(x))",
     ),
-    *(
-        KnownWrong(partial(_post_norm, **knobs), message)
-        for message, knobs in (
-            (
-                "no residual connections: LN(f(x)) replaces the tokens; add the sub-layer's input before the "
-                "LayerNorm, LN(x + f(x))",
-                {"residual": (0, 0)},
-            ),
-            ("the attention sub-layer has no residual: x = norm1(x + attn(x))", {"residual": (0, 1)}),
-            ("the MLP sub-layer has no residual: norm2(x + mlp(x))", {"residual": (1, 0)}),
-            ("norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP", {"norms": "21"}),
-            (
-                "norm1 is used after the MLP too; each sub-layer has its own LayerNorm: norm2(x + mlp(x))",
-                {"norms": "11"},
-            ),
-            ("the LayerNorm after the attention sub-layer (norm1) is missing", {"norms": "-2"}),
-            ("the LayerNorm after the MLP sub-layer (norm2) is missing", {"norms": "1-"}),
-            (
-                "the LayerNorms have no weight and bias (F.layer_norm(x, shape) alone); call block.norm1 and "
-                "block.norm2, whose gain and bias are learned",
-                {"norms": "pp"},
-            ),
-        )
-    ),
+    *_POST_NORM_SLIPS,
     KnownWrong(
         lambda x, b: b.norm2(b.norm1(x + b.attn(x)) + b.mlp(x)),
         "the MLP reads the block's input; it reads the output of the attention sub-layer: "
