@@ -67,7 +67,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check vitlab grader tests benchmarks book/_scripts book/_ext
 	$(VENV)/bin/ruff format --check vitlab grader tests benchmarks book/_scripts book/_ext
 	$(VENV)/bin/ruff check notebooks
-	$(VENV)/bin/pyright
+	$(VENV)/bin/pyright --threads 2
 
 test: $(STAMP) mathjax lint
 	$(PY) -m pytest $(XDIST) tests notebooks $(NBVAL)

@@ -14,13 +14,27 @@ everything). Two timings, each the median of ``--repeats`` runs, one after the o
   read back, the references computed in the grader, every process ended (with the sandbox,
   and with ``--no-sandbox``).
 
-Wall-clock seconds, kernel start-up included in both. No test asserts a time. It needs the
-grader's package, ``vitlab-grader`` (``make install`` installs it, or ``pip install -e ./grader``).
+Wall-clock seconds, kernel start-up included in both.
+
+**A class** (``--class 50 --jobs 2``): the first notebook's solved copy submitted by that
+many students, graded in one ``python -m vitlab_grader grade`` run with ``--jobs``, the
+release's secret (hidden cases) and every output file (CSV, JSON, gradebook, feedback).
+Reported: the run's wall time, the time per notebook, each notebook's kernel session (what
+the results' ``seconds`` measure: the kernel's start, the cells, the checks' cells) and the
+grader's overhead per notebook beyond it, ``wall * jobs / N - mean(session)`` (reading,
+scanning, folders, sandbox, references, hidden cases, results), next to a plain run.
+
+No test asserts a time. It needs the grader's package, ``vitlab-grader`` (``make install``
+installs it, or ``pip install -e ./grader``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -74,13 +88,52 @@ def graded(path: Path, release: Path, sandbox: bool) -> tuple[float, str, float]
     return seconds, result.sandbox, result.score
 
 
+def grade_class(instructor: Path, students: int, jobs: int, folder: Path) -> None:
+    """Grade ``students`` copies of the solved chapter in one run; print the times (the module's docstring)."""
+    from vitlab_grader.__main__ import main as grader
+
+    key = folder / "hidden.key"
+    with contextlib.redirect_stdout(io.StringIO()):
+        grader(["student", str(instructor), "--out", str(folder / "release"), "--secret", str(key)])
+    copy = folder / "release" / instructor.name
+    solved = solved_copy(instructor, copy, folder / "solved.ipynb")
+    subs = folder / "submissions"
+    subs.mkdir()
+    for number in range(students):
+        shutil.copy(solved, subs / f"s{number:04d}_{instructor.name}")
+    plain = plain_run(solved)
+    argv = ["grade", str(subs), "--release", str(folder / "release"), "--secret", str(key), "--jobs", str(jobs)]
+    argv += ["--out", str(folder / "r.csv"), "--json", str(folder / "r.json"), "--gradebook", str(folder / "g.csv")]
+    argv += ["--feedback", str(folder / "feedback"), "--timeout", "600"]
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        grader(argv)
+    wall = time.perf_counter() - start
+    results = json.loads((folder / "r.json").read_text())["notebooks"]
+    if len(results) != students or any(r["score"] != r["max_score"] for r in results):
+        raise RuntimeError(f"{instructor.name}: not every solved copy scored full marks")
+    session = statistics.mean(r["seconds"] for r in results)
+    per = wall / students
+    print(f"{students} x {instructor.name}, --jobs {jobs}, hidden cases: {wall:.0f} s in all, {per:.1f} s per notebook")
+    print("| plain run (s) | kernel session, mean (s) | wall x jobs / N (s) | grader overhead per notebook (s) |")
+    print("|---:|---:|---:|---:|")
+    print(f"| {plain:.1f} | {session:.1f} | {per * jobs:.1f} | {per * jobs - session:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", default=[str(ROOT / "notebooks" / "09_pit.ipynb")])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--class", dest="students", type=int, default=0, help="grade this many copies at once")
+    parser.add_argument("--jobs", type=int, default=2, help="with --class: notebooks graded at the same time")
     args = parser.parse_args()
 
     from vitlab_grader import make_student
+
+    if args.students:
+        with tempfile.TemporaryDirectory() as folder:
+            grade_class(Path(args.notebooks[0]).resolve(), args.students, args.jobs, Path(folder))
+        return
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     print(f"python {sys.version.split()[0]}, commit {commit.stdout.strip() or '?'}, median of {args.repeats}")

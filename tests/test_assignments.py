@@ -1,6 +1,6 @@
 """vitlab_grader: student copies leak nothing and run; grading reads every kind of submission.
 
-The notebooks here are fabricated: two "implement it" exercises on real checks
+The notebooks here are fabricated (tests/grader_release.py): two "implement it" exercises on real checks
 (``t2t_token_count``, ``scaled_dot_product_attention``) and one question. Kernels are the
 slow part (a few seconds each), so one module fixture runs them all in one ``grade`` call.
 """
@@ -19,120 +19,28 @@ from typing import Any
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from grader_release import (  # the fabricated course notebook, shared with test_gradescope.py
+    ATTENTION_PITFALL_1,
+    ATTENTION_RIGHT,
+    ATTENTION_STUB,
+    MARKER,
+    TOKEN_HANGS,
+    TOKEN_PITFALL_9,
+    TOKEN_RIGHT,
+    TOKEN_STUB,
+    TOKEN_SYNTAX_ERROR,
+    TOKEN_WRONG_AT_224,
+    instructor_notebook,
+    submission,
+    write,
+)
+from nbformat.v4 import new_code_cell
 
 from vitlab_grader import AssignmentError, make_student, student_notebook
 from vitlab_grader.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = "qzx_instructor_only_7f3a"  # must never reach a student
 TIMEOUT = 20  # seconds per notebook: a normal one here needs ~5 s, the hanging one uses all of it
-
-TOKEN_STUB = '''def token_count(size, kernel, stride, padding):
-    """Tokens along one side after a soft split."""
-    # YOUR CODE HERE
-    raise NotImplementedError'''
-TOKEN_RIGHT = '''def token_count(size, kernel, stride, padding):
-    """Tokens along one side after a soft split."""
-    return (size + 2 * padding - kernel) // stride + 1'''
-TOKEN_PITFALL_9 = """def token_count(size, kernel, stride, padding):
-    return (size + 2 * padding - kernel) / (kernel - stride) + 1"""
-TOKEN_WRONG_AT_224 = """def token_count(size, kernel, stride, padding):
-    return 0 if size == 224 else (size + 2 * padding - kernel) // stride + 1"""
-TOKEN_SYNTAX_ERROR = """def token_count(size, kernel stride, padding):
-    return 0"""
-TOKEN_HANGS = """def token_count(size, kernel, stride, padding):
-    import time
-
-    while True:  # a hang that leaves the CPU to the other notebooks
-        time.sleep(0.1)"""
-ATTENTION_STUB = '''def attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(d)) v. Shape: q, k, v (B, h, N, d) -> (B, h, N, d)."""
-    # YOUR CODE HERE
-    raise NotImplementedError'''
-ATTENTION_RIGHT = '''def attention(q, k, v, mask=None):
-    """softmax(q k^T / sqrt(d)) v. Shape: q, k, v (B, h, N, d) -> (B, h, N, d)."""
-    logits = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    return logits.softmax(dim=-1) @ v'''
-ATTENTION_PITFALL_1 = """def attention(q, k, v, mask=None):
-    logits = q @ k.transpose(-2, -1)
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    emb_size = q.shape[1] * q.shape[-1]
-    return torch.softmax(logits, dim=-1) / emb_size**0.5 @ v"""
-
-
-def instructor_notebook() -> nbformat.NotebookNode:
-    """Two exercises and a question; instructor-only text carries MARKER in every hiding place."""
-    secret = {"note": MARKER}
-    cells = [
-        new_code_cell(
-            "import torch\n\nimport vitlab.checks",
-            metadata={"tags": ["hide-input"], "collapsed": False, "scrolled": True, "execution": {"start": MARKER}},
-            outputs=[nbformat.v4.new_output("stream", name="stdout", text=f"{MARKER}\n")],
-            execution_count=1,
-        ),
-        new_markdown_cell(
-            "## Exercises\n\nImplement `token_count(size, kernel, stride, padding)`.\n\n![grid](attachment:grid.png)",
-            attachments={"grid.png": {"image/png": "aGVsbG8="}, "old.png": {"image/png": MARKER}},
-        ),
-        new_code_cell(TOKEN_STUB, metadata={"tags": ["exercise"]}),
-        new_code_cell(
-            TOKEN_RIGHT + f"  # {MARKER}",
-            metadata={"tags": ["solution", "hide-input"], "jupyter": {"source_hidden": True}, "secret": secret},
-            outputs=[nbformat.v4.new_output("stream", name="stdout", text=MARKER)],
-            execution_count=3,
-        ),
-        new_code_cell("vitlab.checks.t2t_token_count(token_count);", metadata={"tags": ["check"]}),
-        new_markdown_cell("Implement `attention(q, k, v, mask=None)`."),
-        new_code_cell(ATTENTION_STUB, metadata={"tags": ["exercise"]}),
-        new_code_cell(ATTENTION_RIGHT, metadata={"tags": ["solution", "hide-input"]}),
-        new_code_cell(
-            "vitlab.checks.scaled_dot_product_attention(attention);",
-            metadata={"tags": ["check"], "vitlab": {"points": 2}, "secret": secret},
-        ),
-        new_markdown_cell("Why is the division floored?"),
-        new_markdown_cell(
-            f"```{{dropdown}} Answer\nA window that does not fit is not a token. {MARKER}\n```",
-            metadata={"tags": ["answer"]},
-            attachments={"answer.png": {"image/png": MARKER}},
-        ),
-        new_markdown_cell("## References"),
-        new_code_cell('print("the end")'),
-    ]
-    notebook = new_notebook(cells=cells)
-    notebook.metadata = {
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-        "language_info": {"name": "python"},
-        "instructor": secret,
-        "widgets": {"state": MARKER},
-    }
-    return notebook
-
-
-def write(notebook: nbformat.NotebookNode, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(notebook, path)
-    return path
-
-
-def submission(student: Path, token: str, attention: str, path: Path) -> Path:
-    """The student copy with the two stubs replaced by a student's answers.
-
-    Every check cell stores a stale ``PASS`` from the student's own run: the grader must
-    not believe it.
-    """
-    notebook = nbformat.read(student, as_version=4)
-    stubs = [cell for cell in notebook.cells if "exercise" in cell.metadata.get("tags", [])]
-    stubs[0].source, stubs[1].source = token, attention
-    for cell in notebook.cells:
-        if "check" in cell.metadata.get("tags", []):
-            name = cell.source.split("(")[0].split(".")[-1]
-            stale = f"PASS {name}: all 9 cases match the reference\n"
-            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=stale)]
-    return write(notebook, path)
 
 
 # ---------------------------------------------------------------- student copies (no kernel)
@@ -150,7 +58,10 @@ def test_student_copy_hides_solutions_answers_outputs_and_metadata(tmp_path: Pat
 
     student = json.loads(text)
     assert set(student["metadata"]) == {"kernelspec", "language_info", "vitlab"}
-    assert student["metadata"]["vitlab"] == {"release": "ch"}  # the stamp the grader matches by
+    import vitlab
+
+    # the stamp the grader matches by, and the vitlab version the release pins
+    assert student["metadata"]["vitlab"] == {"release": "ch", "vitlab": vitlab.__version__}
     assert len(student["cells"]) == len(instructor_notebook().cells) - 3
     for cell in student["cells"]:
         assert set(cell["metadata"]) <= {"tags", "vitlab"}, cell["metadata"]
@@ -548,7 +459,7 @@ def test_a_cell_past_its_limit_costs_only_that_cell(tmp_path: Path) -> None:
     The later check still passes (the replay defined ``attention`` and imported vitlab again),
     and the JSON keeps the first error outside the checks although the notebook timed out.
     """
-    cell_limit = 25  # above the import of torch on a busy machine
+    cell_limit = 15  # above the import of torch and vitlab in a kernel on a busy two-core machine
     instructor = write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
     (copy,) = make_student([instructor], tmp_path / "student")
     path = submission(copy.target, TOKEN_HANGS, ATTENTION_RIGHT, tmp_path / "subs" / "s7_ch.ipynb")
@@ -662,3 +573,53 @@ def test_two_submissions_with_one_student_id_are_both_errors_before_any_kernel(t
     results = list(grade(paths, [copy.target]))  # the collision costs those two files only
     assert [r.status for r in results] == ["ERROR", "ERROR"]
     assert all("both get student id '09_pit'" in r.error and r.rows()[0].score is None for r in results)
+
+
+# ---------------------------------------------------------------- hidden cases' secret, pinned vitlab (no kernel)
+
+SETUP = """import sys
+
+if "google.colab" in sys.modules:
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "vitlab @ git+https://github.com/vitlab-course/vit-lab@main"],
+        check=True,
+    )"""  # the chapters' Colab setup cell
+
+
+def test_student_writes_the_secret_outside_the_release_and_pins_vitlab(tmp_path: Path) -> None:
+    import vitlab
+
+    notebook = instructor_notebook()
+    notebook.cells.insert(0, new_code_cell(SETUP))
+    instructor = write(notebook, tmp_path / "instructor" / "ch.ipynb")
+    out, key = tmp_path / "student", tmp_path / "keys" / "hidden.key"
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert main(["student", str(instructor), "--out", str(out), "--secret", str(key)]) == 0
+    secret = key.read_text().strip()
+    assert re.fullmatch(r"[0-9a-f]{64}", secret) and key.stat().st_mode & 0o077 == 0, printed.getvalue()
+    shipped = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert secret.encode() not in shipped and bytes.fromhex(secret) not in shipped  # never in the release
+    with contextlib.redirect_stdout(io.StringIO()):  # again: the same secret, the same hidden cases
+        assert main(["student", str(instructor), "--out", str(tmp_path / "again"), "--secret", str(key)]) == 0
+    assert key.read_text().strip() == secret
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):  # inside the release: refused
+        main(["student", str(instructor), "--out", str(out), "--secret", str(out / "hidden.key")])
+    assert not (out / "hidden.key").exists()
+    copy = nbformat.read(out / "ch.ipynb", as_version=4)
+    assert f"vit-lab@v{vitlab.__version__}" in copy.cells[0].source and "@main" not in copy.cells[0].source
+    assert copy.metadata["vitlab"]["vitlab"] == vitlab.__version__
+
+
+def test_a_submission_made_against_another_vitlab_is_reported_and_graded_alike(tmp_path: Path) -> None:
+    from vitlab_grader.release import match_release, read_release
+
+    make_student([write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")], tmp_path / "student")
+    releases = read_release([tmp_path / "student"])
+    older = {"metadata": {"vitlab": {"release": "ch", "vitlab": "0.0.1"}}}
+    release, anomalies = match_release(Path("ch.ipynb"), older, releases)
+    assert release is releases[0] and len(anomalies) == 1 and "made against vitlab '0.0.1'" in anomalies[0]
+    same = {"metadata": {"vitlab": {"release": "ch", "vitlab": releases[0].notebook["metadata"]["vitlab"]["vitlab"]}}}
+    for notebook in (same, {"metadata": {}}, {"metadata": {"vitlab": "0.0.1"}}):  # no stamp: nothing to say
+        assert match_release(Path("ch.ipynb"), notebook, releases)[1] == []

@@ -13,21 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grader_release import (
+    ATTENTION_RIGHT,
+    TOKEN_PITFALL_9,
+    instructor_notebook,
+    submission,
+    write,
+)
 
 from vitlab_grader import make_student
 from vitlab_grader.grade import ExerciseResult, NotebookResult
 from vitlab_grader.gradescope import build, results_json
 from vitlab_grader.release import read_release
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_assignments import (  # noqa: E402
-    ATTENTION_RIGHT,
-    TOKEN_PITFALL_9,
-    TOKEN_RIGHT,
-    instructor_notebook,
-    submission,
-    write,
-)
 
 # Gradescope's results.json (gradescope-autograders.readthedocs.io/en/latest/specs/, "Output format"):
 # every key it documents, with its type; "score" on the top level or on every test.
@@ -58,6 +55,7 @@ TEST = {
     "extra_data": dict,
 }
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
+SECRET = bytes(range(32))  # the release's secret for hidden cases (tests only)
 FORMATS = {"text", "html", "simple_format", "md", "ansi"}
 STATUS = {"passed", "failed"}
 
@@ -155,7 +153,7 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
 
     student = release / "ch.ipynb"
     sub = submission(student, TOKEN_PITFALL_9, ATTENTION_RIGHT, tmp_path / "subs" / "ch.ipynb")
-    out = build([release], tmp_path / "autograder.zip", timeout=120)
+    out = build([release], tmp_path / "autograder.zip", timeout=120, secret=SECRET)  # hidden cases too
     root = autograder_folder(out, tmp_path / "autograder", [sub])
     env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
     done = subprocess.run(
@@ -169,7 +167,8 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     document = json.loads((root / "results" / "results.json").read_text())
     check_results(document)
-    (expected,) = grade([sub], [release], timeout=120)
+    (expected,) = grade([sub], [release], timeout=120, secret=SECRET)
+    assert "hidden cases" in expected.exercises[1].message  # the right attention passes its hidden cases
     assert [(t["score"], t["max_score"]) for t in document["tests"]] == [
         (e.score, e.points) for e in expected.exercises
     ]
@@ -177,15 +176,28 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     assert document["output"].startswith("# Feedback on ch\\.ipynb") and document["output_format"] == "md"
 
 
-@pytest.mark.slow
-def test_run_autograder_with_a_right_answer_and_no_notebook(release: Path, tmp_path: Path) -> None:
-    student = release / "ch.ipynb"
-    sub = submission(student, TOKEN_RIGHT, ATTENTION_RIGHT, tmp_path / "subs" / "ch.ipynb")
+def test_run_autograder_without_a_notebook_scores_zero_of_every_exercise(release: Path, tmp_path: Path) -> None:
+    # A right answer's full marks through run_autograder are in the test above (its attention
+    # exercise); here no kernel starts: an empty submission gets every exercise at 0.
     out = build([release], tmp_path / "autograder.zip", timeout=120)
+    root = autograder_folder(out, tmp_path / "empty", [])
     env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
-    for name, subs, score in (("full", [sub], 3), ("empty", [], 0)):
-        root = autograder_folder(out, tmp_path / name, subs)
-        subprocess.run([str(root / "run_autograder"), "--root", str(root)], env=env, check=True, timeout=600)
-        document = json.loads((root / "results" / "results.json").read_text())
-        check_results(document)
-        assert document["score"] == score and sum(t["max_score"] for t in document["tests"]) == 3
+    subprocess.run([str(root / "run_autograder"), "--root", str(root)], env=env, check=True, timeout=600)
+    document = json.loads((root / "results" / "results.json").read_text())
+    check_results(document)
+    assert document["score"] == 0 and sum(t["max_score"] for t in document["tests"]) == 3
+
+
+def test_the_secret_ships_in_the_autograder_and_never_in_the_release(release: Path, tmp_path: Path) -> None:
+    from vitlab_grader.gradescope import SECRET_FILE
+
+    out = build([release], tmp_path / "autograder.zip", timeout=60, secret=SECRET)
+    with zipfile.ZipFile(out) as archive:
+        assert archive.read(SECRET_FILE).decode().strip() == SECRET.hex()
+        assert json.loads(archive.read("settings.json"))["hidden_cases"] is True
+        released = b"".join(archive.read(n) for n in archive.namelist() if n.startswith("release/"))
+    for data in (released, b"".join(p.read_bytes() for p in release.rglob("*") if p.is_file())):
+        assert SECRET.hex().encode() not in data and SECRET not in data
+    with zipfile.ZipFile(build([release], tmp_path / "public.zip", timeout=60)) as archive:
+        assert SECRET_FILE not in archive.namelist()
+        assert json.loads(archive.read("settings.json"))["hidden_cases"] is False

@@ -13,7 +13,9 @@ work is worth 1 point; then it attacks, one kind per notebook (the kinds of issu
 6. submit vitlab's own function (keeps its score, flagged);
 7. read a classmate's notebook or the instructor's solutions, overwrite a classmate's
    file, start a detached process that outlives the kernel;
-8. read the grader's environment.
+8. read the grader's environment;
+9. call the check's private reference through a name no scan can read, or through ``sys.modules``
+   (a tripwire in the kernel: it computes nothing, and the call is reported).
 
 All of them are graded in one ``grade`` run (kernels are the slow part: a few seconds each).
 The in-place and float probes at the end need no kernel.
@@ -142,6 +144,21 @@ COPIED = """from vitlab.layers.attention import explicit_attention
 
 def attention(q, k, v, mask=None):
     return explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask)[0]"""
+REFERENCE = "vitlab.checks.attention._reference"
+COMPUTED_NAME = """import codecs
+import importlib
+
+hidden = importlib.import_module(codecs.decode("ivgyno.purpxf.nggragvba", "rot13"))  # no name to read
+reference = getattr(hidden, codecs.decode("_ersrerapr", "rot13"))
+
+
+def attention(q, k, v, mask=None):
+    return reference(q, k, v, mask)"""
+BY_SYS_MODULES = """import sys
+
+
+def attention(q, k, v, mask=None):
+    return sys.modules["vitlab.checks.attention"]._reference(q, k, v, mask)"""
 
 
 def combine(*changes: Any) -> Any:
@@ -175,7 +192,7 @@ ATTACKS: dict[str, tuple[Any, list[str]]] = {
             f"replaces vitlab.checks.{ATTENTION}",
             "replaces vitlab.checks._core.problem",
             "uses vitlab.checks._core.problem",
-            "changes or reads sys.modules",
+            "reads or changes sys.modules",
         ],
     ),  # fmt: skip
     "2_show_a_pass": (
@@ -199,9 +216,14 @@ ATTACKS: dict[str, tuple[Any, list[str]]] = {
     ),
     "7_at_grading_time": (
         append(READ_OTHERS, OVERWRITE, DETACHED),
-        ["names a path outside its folder", "starts processes (subprocess)"],
+        ["writes outside its folder", "starts processes (subprocess.Popen)"],
     ),
-    "8_environment": (replace_stub(ENVIRONMENT), ["reads the environment"]),
+    "8_environment": (replace_stub(ENVIRONMENT), ["reads or sets the environment (os.environ.get)"]),
+    "9_reference_by_computed_name": (replace_stub(COMPUTED_NAME), [f"the code called {REFERENCE}"]),
+    "9_reference_by_sys_modules": (
+        replace_stub(BY_SYS_MODULES),
+        [f"the code called {REFERENCE}", "reads or changes sys.modules", f"uses {REFERENCE} (from vitlab.checks)"],
+    ),
 }
 
 
@@ -286,11 +308,12 @@ def test_a_copied_reference_keeps_its_score_and_is_flagged_by_name(attacked: dic
     assert copied["score"] == 3
     assert copied["flags"] == [f"{ATTENTION}: vitlab.layers.attention.explicit_attention"]
     private = attacked["results"]["6_private_reference"]
-    assert private["score"] == 3
-    assert "the answer is vitlab's own vitlab.checks.attention._reference" in private["flags"][0]
-    assert "uses vitlab.checks.attention._reference (from vitlab.checks)" in private["anomalies"]
+    assert private["score"] == 1  # the check's own reference is a tripwire in the kernel: it computes nothing
+    assert f"the answer is vitlab's own {REFERENCE}" in private["flags"][0]
+    assert f"uses {REFERENCE} (from vitlab.checks)" in private["anomalies"]
+    assert any(a.startswith(f"the code called {REFERENCE}") for a in private["anomalies"]), report(private)
     feedback = (attacked["feedback"] / "6_copied_ch.md").read_text(encoding="utf-8")
-    assert r"vitlab\.layers\.attention\.explicit\_attention" in feedback  # Markdown-escaped student text
+    assert "Score: **3 / 3**" in feedback and "explicit" not in feedback  # the flag is the instructor's
 
 
 @pytest.mark.slow
@@ -417,11 +440,131 @@ def test_a_failing_number_shows_enough_digits_to_differ() -> None:
     assert tensor is not None and "(expected 2, got 2.000001)" in tensor
 
 
-def test_every_vitlab_answer_named_for_a_check_exists() -> None:
-    # A renamed layer would silently stop the copied-answer flag of its check.
-    import vitlab.checks
-    from vitlab_grader.release import ANSWERED_BY, _resolve
+# ---------------------------------------------------------------- hidden cases (issue 28, item 3)
 
-    for check, names in ANSWERED_BY.items():
-        assert check in vitlab.checks.__all__, check
-        assert all(callable(_resolve(name)) for name in names), (check, names)
+HIDDEN_SECRET = bytes(range(32))  # a release's secret (tests only)
+
+
+def _inputs(case: Any) -> list[Any]:
+    """A case's arguments, tensors as lists and modules as their parameters (to compare cases)."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.tolist()
+        if isinstance(x, torch.nn.Module):
+            return [p.tolist() for p in x.parameters()]
+        if isinstance(x, (tuple, list)):
+            return [plain(v) for v in x]
+        return x
+
+    return plain([*case.args, *case.kwargs.values()])
+
+
+@pytest.mark.parametrize("check", sorted(set(vitlab.checks.__all__) - {"CheckResult"}))
+def test_every_check_has_hidden_cases_of_its_kinds_that_the_reference_passes(check: str) -> None:
+    from vitlab.checks._core import collect_answers, evaluate
+    from vitlab_grader.release import hidden_spec
+    from vitlab_grader.specs import check_spec
+
+    public, hidden = check_spec(check), hidden_spec(check, HIDDEN_SECRET)
+    assert hidden.expect == public.expect and hidden.name == public.name
+    seen = [_inputs(c) for c in public.cases]
+    assert not any(_inputs(c) in seen for c in hidden.cases), "a hidden case is a public one"
+    kinds = {tuple(type(a).__name__ for a in c.args) for c in public.cases}
+    assert {tuple(type(a).__name__ for a in c.args) for c in hidden.cases} <= kinds
+    assert abs(len(hidden.cases) - len(public.cases)) <= len(public.cases) // 2 and hidden.cases
+    assert evaluate(hidden, collect_answers(hidden.reference, hidden.cases)).passed
+    again, other = hidden_spec(check, HIDDEN_SECRET), hidden_spec(check, bytes(32))
+    assert [_inputs(c) for c in again.cases] == [_inputs(c) for c in hidden.cases]  # per release: the same
+    assert [_inputs(c) for c in other.cases] != [_inputs(c) for c in hidden.cases]  # another secret: others
+
+
+def public_table(check: str) -> Any:
+    """A student's function that returns the reference's outputs of the public cases, computed at home and
+    keyed on the inputs' hash, and ``None`` for any other input."""
+    import hashlib
+
+    from vitlab.checks._core import _call
+    from vitlab_grader.specs import check_spec
+
+    def key(args: Any) -> str:
+        return hashlib.sha256(repr(_inputs(type("C", (), {"args": args, "kwargs": {}}))).encode()).hexdigest()
+
+    spec = check_spec(check)
+    table = {key((*c.args, *c.kwargs.values())): _call(spec.reference, c) for c in spec.cases}
+
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        found = table.get(key((*args, *kwargs.values())))
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        return found + 0 * tensors[0].sum() if found is not None and tensors else found  # a gradient reaches it
+
+    return lookup
+
+
+@pytest.mark.parametrize("check", [TOKEN, ATTENTION])
+def test_a_table_of_the_public_outputs_scores_the_public_cases_only(check: str) -> None:
+    from vitlab.checks._core import collect_answers
+    from vitlab_grader.grade import _HIDDEN_ONLY, _Run, _verdict
+    from vitlab_grader.release import hidden_spec
+    from vitlab_grader.specs import check_spec
+
+    public, hidden = check_spec(check), hidden_spec(check, HIDDEN_SECRET)
+    cases = [*public.cases, *hidden.cases]
+    fraction = len(public.cases) / len(cases)
+
+    def verdict(fn: Any, secret_cases: Any = hidden) -> tuple[str, str, float | None, str]:
+        answers = collect_answers(fn, cases if secret_cases else public.cases)
+        return _verdict(public, answers, _Run(finished={0}), 0, {}, str, secret_cases)
+
+    status, message, got, _ = verdict(public_table(check))
+    assert (status, got) == ("FAIL", pytest.approx(fraction)) and _HIDDEN_ONLY in message, message
+    assert not any(c.label in message for c in hidden.cases), "a hidden case is shown"
+    assert verdict(public_table(check), None)[:3:2] == ("PASS", 1.0)  # without the secret: full marks
+    status, message, got, _ = verdict(public.reference)
+    assert (status, got) == ("PASS", 1.0) and f"{len(hidden.cases)} hidden cases" in message
+    wrong = {TOKEN: lambda n, k, s, p: (n + 2 * p - k) // (k - s) + 1, ATTENTION: lambda q, k, v, mask=None: v}
+    status, message, got, _ = verdict(wrong[check])
+    assert status == "FAIL" and "hidden cases failed too" in message and got is not None and got < fraction
+
+
+LOOKUP = """import hashlib
+
+import torch
+
+TABLE = {table!r}  # the reference's outputs of the public cases, computed at home
+
+
+def attention(q, k, v, mask=None):
+    key = hashlib.sha256(repr([q.tolist(), k.tolist(), v.tolist()]
+                              + ([] if mask is None else [mask.tolist()])).encode()).hexdigest()
+    return v[..., :1] * 0 + torch.tensor(TABLE[key]) if key in TABLE else v  # a gradient reaches v
+"""
+
+
+@pytest.mark.slow
+def test_a_lookup_table_graded_with_the_secret_gets_the_public_points_and_is_reported(tmp_path: Path) -> None:
+    import hashlib
+
+    from vitlab.checks._core import _call
+    from vitlab_grader import grade
+    from vitlab_grader.specs import check_spec
+
+    instructor = tmp_path / "instructor" / "ch.ipynb"
+    instructor.parent.mkdir()
+    nbformat.write(release_notebook(), instructor)
+    (copy,) = make_student([instructor], tmp_path / "release")
+    spec = check_spec(ATTENTION)
+    table = {
+        hashlib.sha256(repr(_inputs(c)).encode()).hexdigest(): _call(spec.reference, c).tolist() for c in spec.cases
+    }
+    notebook = honest(copy.target)
+    notebook.cells[cell_of(notebook, ATTENTION_STUB)].source = LOOKUP.format(table=table)
+    path = tmp_path / "subs" / "lookup_ch.ipynb"
+    path.parent.mkdir()
+    nbformat.write(notebook, path)
+    (hidden,) = grade([path], [copy.target], timeout=60, secret=HIDDEN_SECRET)  # public alone: full marks (above)
+    attention = hidden.exercises[1]
+    assert (hidden.score, attention.status, attention.fraction) == (2, "FAIL", 0.5), attention.message
+    assert "5 of 5 hidden cases do not" in attention.message
+    assert any(a.startswith(f"{ATTENTION}: every public case passes, but hidden cases fail") for a in hidden.anomalies)
+    assert hidden.exercises[0].status == "PASS" and hidden.exercises[0].fraction == 1  # honest work: all cases

@@ -160,7 +160,7 @@ def test_moodle_worksheet_fills_grade_and_feedback(tmp_path: Path) -> None:
 
 
 def test_moodle_worksheet_without_a_download(tmp_path: Path) -> None:
-    write_moodle(moodle_results(tmp_path), tmp_path / "out.csv")
+    write_moodle(moodle_results(tmp_path), tmp_path / "out.csv", anomalies_to="student")  # the anomalies too
     header, *body = read(tmp_path / "out.csv")
     assert header == list(MOODLE_COLUMNS) and "Last modified (grade)" in header  # Moodle's importer needs it
     by_id = {line[0]: dict(zip(header, line, strict=True)) for line in body}

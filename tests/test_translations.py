@@ -11,6 +11,7 @@ The slow test extracts the book's messages afresh, so a chapter edited without
 
 from __future__ import annotations
 
+import csv
 import re
 import sys
 from pathlib import Path
@@ -168,3 +169,134 @@ def test_every_declared_figure_text_is_translated(language: str) -> None:
         # the texts the gettext build extracts from the notebook (book/_ext/translated_editions.py)
         missing += [f"{notebook.name}: {t[:70]!r}" for t in notebook_figure_texts(notebook) if t not in done]
     assert not missing, "\n".join(missing)
+
+
+# --- one word per idea: the term sheets, the translation memory, numbers ----------------------
+# Each language keeps a term sheet, book/locales/<language>/terms.tsv (UTF-8, tab-separated,
+# a header line): `english`, a case-insensitive regular expression for the English term;
+# `target` (or the language's name, `korean`/`chinese`), the one form a translation of a
+# message with that term must contain; `avoid`, comma-separated forms it must not contain;
+# `note`, for the translator. Terms inside code, math, role targets, italics (titles,
+# emphasis) and quotations the translation keeps in English are not checked, nor are the
+# messages whose English itself quotes Korean or Chinese (the glossary's names).
+_ITALIC = re.compile(r"(?<![*\w])\*(?!\*)[^*\n]+\*")
+_QUOTED = re.compile(r'"[^"\n]+"')
+_CJK = re.compile(r"[\uac00-\ud7af\u4e00-\u9fff]")
+_SHOWN = re.compile(r"\{(?:doc|ref|term|numref)\}`([^`<]+?)\s*<[^`]*>`")
+
+
+def term_sheet(language: str) -> list[dict[str, str]]:
+    path = translations.LOCALES / language / "terms.tsv"
+    with path.open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle, delimiter="\t"))
+    for row in rows:
+        row["target"] = row.get("target") or row.get("korean") or row.get("chinese") or ""
+        assert row["english"] and row["target"], f"{path.name}: a row needs `english` and a target: {row}"
+        re.compile(row["english"])
+    return rows
+
+
+def term_problems(sheet: list[dict[str, str]], msgid: str, msgstr: str) -> list[str]:
+    """The sheet's rules that a translation breaks (empty: none)."""
+    english = _ITALIC.sub(" ", translations.spans(msgid).prose)
+    shown = " ".join(_SHOWN.findall(msgstr))  # the text a reader sees of a titled role
+    translated = translations.spans(msgstr).prose + " " + shown
+    english = _QUOTED.sub(lambda m: " " if m.group(0) in translated else m.group(0), english)
+    matched = [row for row in sheet if re.search(row["english"], english, re.I)]
+    targets = [row["target"] for row in matched]
+    problems = []
+    for row in matched:
+        if row["target"] not in translated:
+            problems.append(f"{row['english']!r} wants {row['target']!r}")
+        for avoid in filter(None, (a.strip() for a in row.get("avoid", "").split(","))):
+            # an avoided form may still be part of another matched term's own form
+            if avoid in translated and not any(avoid in target for target in targets):
+                problems.append(f"{row['english']!r} avoids {avoid!r}")
+    return problems
+
+
+def test_term_problems_name_the_broken_rule() -> None:
+    sheet = [
+        {"english": r"\bfused\b", "target": "퓨즈드", "avoid": "융합"},
+        {"english": r"\bfusion\b", "target": "융합", "avoid": "퓨즈드"},
+    ]
+    assert term_problems(sheet, "The `fused` path.", "`fused` 경로.") == []  # code is not prose
+    assert term_problems(sheet, "The fused path.", "퓨즈드 경로.") == []
+    assert term_problems(sheet, "The fused path.", "융합 경로.") == [
+        "'\\\\bfused\\\\b' wants '퓨즈드'",
+        "'\\\\bfused\\\\b' avoids '융합'",
+    ]
+    assert term_problems(sheet, "A fused kernel, then the fusion.", "퓨즈드 커널, 그다음 융합.") == []
+    assert term_problems(sheet, "*Fused Attention* (a title).", "*Fused Attention*(제목).") == []
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_translations_follow_the_term_sheet(language: str) -> None:
+    sheet = term_sheet(language)
+    problems = []
+    for path in translations.catalogues(language):
+        for entry in polib.pofile(str(path)):
+            if not entry.msgstr or "fuzzy" in entry.flags or entry.msgstr == entry.msgid:
+                continue
+            if _CJK.search(entry.msgid):
+                continue
+            problems += [
+                f"{path.name}: {p}: {entry.msgstr[:70]!r}" for p in term_problems(sheet, entry.msgid, entry.msgstr)
+            ]
+    assert not problems, f"{len(problems)} messages break book/locales/{language}/terms.tsv:\n" + "\n".join(
+        problems[:30]
+    )
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_one_english_message_has_one_translation(language: str) -> None:
+    """Translation memory: an English message on several pages (exercise instructions,
+    "Show the figure's code", table headers) reads the same on each. The glossary, which
+    names each English term with its translation beside it, is left out."""
+    seen: dict[str, dict[str, list[str]]] = {}
+    for path in translations.catalogues(language):
+        if path.stem == "glossary":
+            continue
+        for entry in polib.pofile(str(path)):
+            if entry.msgstr and "fuzzy" not in entry.flags and not entry.obsolete:
+                seen.setdefault(entry.msgid, {}).setdefault(entry.msgstr, []).append(path.stem)
+    split = {msgid: found for msgid, found in seen.items() if len(found) > 1}
+    report = [
+        f"{msgid[:60]!r}: " + " | ".join(f"{pages}: {text[:40]!r}" for text, pages in found.items())
+        for msgid, found in split.items()
+    ]
+    assert not split, f"{len(split)} English messages have several {language} translations:\n" + "\n".join(report[:20])
+
+
+# Numbers as Korean writes them: 만 and 억 for large counts (2,894만, 980만), not the English
+# 28.9M, "million" or 28,940,000 (a round number of five digits or more). Exact counts
+# (86,567,656) and sums written out (… + 769,000 = …) keep their digits; 수백만 is Korean.
+_KO_ENGLISH_NUMBERS = re.compile(
+    r"(?<![A-Za-z0-9_.\-])\d+(?:\.\d+)? ?[MB](?![A-Za-z0-9_\-])"  # 28.9M, 9.4B (not JFT-300M)
+    r"|(?<!수)백만|십억|\b(?:million|billion)\b"
+    r"|(?<![\d,.])(?<![+=·×] )(?:\d{2,3}|\d{1,3}(?:,\d{3})+),000(?![\d,])(?! ?[+=·×만억])"
+)
+
+
+def test_large_numbers_are_written_the_korean_way() -> None:
+    for wrong in ("파라미터 28.9M개", "28,940,000회", "0.59백만", "이미지 50,000장", "9.4B FLOPs"):
+        assert _KO_ENGLISH_NUMBERS.search(wrong), wrong
+    for right in (
+        "2,894만 회",
+        "파라미터 86,567,656개",
+        "1,536 + 769,000 = 86,567,656",
+        "JFT-300M",
+        "수백만 개",
+        "2,000장",
+    ):
+        assert not _KO_ENGLISH_NUMBERS.search(right), right
+    problems = []
+    for path in translations.catalogues("ko"):
+        for entry in polib.pofile(str(path)):
+            if not entry.msgstr or "fuzzy" in entry.flags:
+                continue
+            prose = re.sub(r"https?://\S+", " ", translations.spans(entry.msgstr).prose)
+            problems += [
+                f"{path.name}: {m.group(0)!r} in {entry.msgstr[:60]!r}" for m in _KO_ENGLISH_NUMBERS.finditer(prose)
+            ]
+    assert not problems, "\n".join(problems[:20])

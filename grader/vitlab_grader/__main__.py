@@ -18,6 +18,7 @@ from vitlab_grader.grade import NotebookResult, grade, read_results
 from vitlab_grader.ids import SOURCES, StudentIdError, common_root
 from vitlab_grader.isolation import DEFAULT_LIMITS, Limits
 from vitlab_grader.report import (
+    ANOMALIES,
     CSV_COLUMNS,
     summary,
     write_csv,
@@ -29,8 +30,9 @@ from vitlab_grader.student import make_student
 
 EXAMPLES = """examples:
   python -m vitlab_grader validate notebooks/
-  python -m vitlab_grader student notebooks/ --out student/
-  python -m vitlab_grader grade submissions/*.ipynb --release student/ --out results.csv --json results.json
+  python -m vitlab_grader student notebooks/ --out student/ --secret hidden.key
+  python -m vitlab_grader grade submissions/*.ipynb --release student/ --secret hidden.key --out results.csv \
+      --json results.json
   python -m vitlab_grader grade submissions/ --release student/ --out results.csv --gradebook gradebook.csv \
       --feedback feedback/ --cell-timeout 60 --timeout 300
   python -m vitlab_grader grade submissions/ --release student/ --out results.csv --json results.json --resume
@@ -69,11 +71,19 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def student(args: argparse.Namespace) -> int:
+    from vitlab_grader.release import write_secret
+
+    if args.secret and Path(args.secret).resolve().is_relative_to(Path(args.out).resolve()):
+        raise AssignmentError(f"--secret {args.secret} is inside --out: students would get it; keep it elsewhere")
     try:
-        copies = make_student(args.sources, args.out)
+        copies = make_student(args.sources, args.out, vitlab_ref=args.vitlab_ref)
     except AssignmentError as exc:
         print(f"error: nothing written:\n{exc}", file=sys.stderr)
         return 1
+    if args.secret:
+        new = write_secret(args.secret)
+        print(f"hidden cases: {'a new' if new else 'the'} secret in {args.secret}; keep it, give it to grade "
+              "--secret and gradescope --secret, never to students")  # fmt: skip
     for copy in copies:
         print(
             f"{copy.source} -> {copy.target}: {_plural(len(copy.exercises), 'exercise')}, removed "
@@ -90,8 +100,32 @@ def _replace(path: str | Path, write: Any) -> None:
     os.replace(temporary, target)
 
 
+def _secret(args: argparse.Namespace) -> bytes | None:
+    """The release's secret from ``--secret``, or ``None`` (and a warning: public cases only)."""
+    from vitlab_grader.release import read_secret
+
+    if args.secret:
+        return read_secret(args.secret)
+    print("warning: no --secret: the public cases only (a table of their outputs would score full marks)",
+          file=sys.stderr)  # fmt: skip
+    return None
+
+
+def _check_version(release: Sequence[str | Path]) -> None:
+    """Warn when the release pins another vitlab than the one grading (its checks may differ)."""
+    import vitlab
+    from vitlab_grader.release import pinned_version, read_release
+
+    pinned = {v for r in read_release(release) if (v := pinned_version(r.notebook)) is not None}
+    if pinned - {vitlab.__version__}:
+        print(f"warning: the release was made with vitlab {', '.join(sorted(pinned))}; grading with "
+              f"{vitlab.__version__}, whose checks may differ", file=sys.stderr)  # fmt: skip
+
+
 def grade_command(args: argparse.Namespace) -> int:
     import re
+
+    from tqdm import tqdm
 
     if args.id_pattern is not None:
         try:
@@ -109,6 +143,8 @@ def grade_command(args: argparse.Namespace) -> int:
             Path(output).parent.mkdir(parents=True, exist_ok=True)
     settings = {"cell_timeout": args.cell_timeout, "all_or_nothing": args.all_or_nothing}
     ids = {"id_source": args.id_source, "id_pattern": args.id_pattern, "sandbox": not args.no_sandbox}
+    secret = _secret(args)
+    _check_version(args.release)
     limits = Limits(
         memory=int(args.memory_limit * 2**20) if args.memory_limit else None,
         processes=args.process_limit or None,
@@ -125,22 +161,27 @@ def grade_command(args: argparse.Namespace) -> int:
     todo = [p for p in paths if str(p) not in kept]
     if kept:
         print(f"{_plural(len(results), 'notebook')} kept from {args.json}; {len(todo)} to grade", flush=True)
-    record = {"release": [str(r) for r in args.release], **settings, **ids}
+    record = {"release": [str(r) for r in args.release], "hidden_cases": secret is not None, **settings, **ids}
 
     def save() -> None:  # after each notebook: a killed run keeps what it graded
         _replace(args.out, lambda p: write_csv(results, p))
         if args.json:
             _replace(args.json, lambda p: write_json(results, p, args.timeout, **record))
 
+    # the progress bar on stderr (not drawn when it is no terminal); the summaries above it
+    progress = tqdm(total=len(todo), unit="notebook", desc="grading", disable=None, dynamic_ncols=True)
     try:
         root = common_root(paths) if paths else None
         for result in grade(todo, args.release, timeout=args.timeout, jobs=args.jobs, root=root, limits=limits,
-                            **settings, **ids):  # fmt: skip
-            print(summary(result), flush=True)
+                            secret=secret, **settings, **ids):  # fmt: skip
+            progress.write(summary(result), file=sys.stdout)
+            progress.update()
             results.append(result)
             save()
     except (StudentIdError, ValueError) as exc:
         raise AssignmentError(f"student ids: {exc}") from exc
+    finally:
+        progress.close()
     order = {str(p): i for i, p in enumerate(paths)}
     results.sort(key=lambda r: order.get(r.notebook, len(order)))
     results = [r for r in results if r.notebook in given]
@@ -176,9 +217,12 @@ def gradescope_command(args: argparse.Namespace) -> int:
 
     if args.cell_timeout is not None and args.cell_timeout <= 0:
         raise AssignmentError("--cell-timeout must be > 0 seconds")
+    secret = _secret(args)
     out = build(args.release, args.out, timeout=args.timeout, cell_timeout=args.cell_timeout,
-                all_or_nothing=args.all_or_nothing, visibility=args.visibility)  # fmt: skip
-    print(f"{out}: setup.sh, run_autograder, the release; upload it as the assignment's autograder")
+                all_or_nothing=args.all_or_nothing, visibility=args.visibility, secret=secret)  # fmt: skip
+    shipped = ", the hidden cases' secret" if secret else ""
+    print(f"{out}: setup.sh, run_autograder, the release{shipped}; upload it as the assignment's autograder "
+          "(never to students)")  # fmt: skip
     return 0
 
 
@@ -206,7 +250,8 @@ def _write_gradebook(args: argparse.Namespace, results: list) -> None:
             results, args.gradebook, assignment=args.assignment, points=args.points, roster=args.roster
         )
     elif args.lms == "moodle":
-        notes = write_moodle(results, args.gradebook, points=args.points, worksheet=args.roster)
+        notes = write_moodle(results, args.gradebook, points=args.points, worksheet=args.roster,
+                             anomalies_to=args.anomalies)  # fmt: skip
     else:
         write_gradebook(results, args.gradebook, args.id_column)
         return
@@ -218,8 +263,8 @@ def _write_feedback(args: argparse.Namespace, results: list) -> list:
     from vitlab_grader.lms import write_moodle_feedback
 
     if args.lms == "moodle":
-        return write_moodle_feedback(results, args.feedback, args.feedback_format)
-    return write_feedback(results, args.feedback, args.feedback_format)
+        return write_moodle_feedback(results, args.feedback, args.feedback_format, args.anomalies)
+    return write_feedback(results, args.feedback, args.feedback_format, args.anomalies)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = commands.add_parser("student", help="write student copies: no solutions, answers, outputs or metadata")
     p.add_argument("sources", nargs="+", metavar="SRC", help="instructor notebooks or folders of them")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the student notebooks")
+    p.add_argument("--secret", metavar="FILE", help="the hidden cases' secret, written if FILE does not exist "
+                   "(keep it outside --out: students must never get it)")  # fmt: skip
+    p.add_argument("--vitlab-ref", metavar="REF", help="the git ref the setup cell installs vitlab at "
+                   "(default: v<vitlab's version>, a tag of the course repository)")  # fmt: skip
     p.set_defaults(run=student)
 
     p = commands.add_parser("grade", help="run submissions against the release's checks; score them")
@@ -251,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the student copies `student` wrote (files or folders): their check cells, points and order count",
     )
     p.add_argument("--out", required=True, metavar="CSV", help=f"results, columns: {', '.join(CSV_COLUMNS)}")
+    p.add_argument("--secret", metavar="FILE", help="the release's secret (student --secret): also grade every "
+                   "check's hidden cases")  # fmt: skip
     p.add_argument("--json", metavar="JSON", help="also write the results, with each notebook's summary, as JSON")
     p.add_argument("--timeout", type=float, default=300, help="seconds for a whole notebook (default 300)")
     p.add_argument(
@@ -324,6 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--feedback-format", choices=("md", "html"), default="md", help="feedback as Markdown or HTML (default md)"
     )
     p.add_argument(
+        "--anomalies",
+        choices=ANOMALIES,
+        default="instructor",
+        help="who reads the anomalies and flags: the instructor only (the report, JSON and gradebook; default) "
+        "or the student too (the feedback, Moodle's feedback comments)",
+    )
+    p.add_argument(
         "--lms",
         choices=("canvas", "moodle"),
         default=None,
@@ -345,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = commands.add_parser("gradescope", help="build a Gradescope autograder zip that grades against the release")
     p.add_argument("--release", required=True, nargs="+", metavar="RELEASE", help="the student copies `student` wrote")
     p.add_argument("--out", required=True, metavar="ZIP", help="the autograder zip to write")
+    p.add_argument("--secret", metavar="FILE", help="the release's secret (student --secret): shipped in the zip: "
+                   "every check's hidden cases are graded")  # fmt: skip
     p.add_argument(
         "--timeout", type=float, default=480, help="seconds for a whole notebook (default 480: Gradescope's 10 minutes)"
     )

@@ -19,9 +19,15 @@ each one alone:
    (``torch.save``, read with ``torch.load(weights_only=True)`` and a size limit). The
    grader's own process computes the references and compares
    (:func:`vitlab.checks._core.evaluate`). Nothing the kernel prints or shows is read.
-4. **Copied references flagged.** An answer that is, or names, a vitlab object the
+4. **Hidden cases** (with the release's secret, :func:`vitlab_grader.release.hidden_spec`):
+   the grader's cell runs the student's function on each check's public cases, then on
+   its hidden ones. The score counts both; the message says how many hidden cases failed,
+   never which, and an answer that passes every public case but not the hidden ones is
+   reported (a table of the public outputs scores the public cases only).
+5. **Copied references flagged.** An answer that is, or names, a vitlab object the
    exercise asks the student to write, or anything of ``vitlab.checks``, keeps its score
-   and is flagged by name.
+   and is flagged by name; in the kernel the checks' own functions are tripwires that
+   compute nothing and report the call (:mod:`vitlab_grader.anomalies`).
 
 Each notebook has a time limit (kernel start-up not counted) and, optionally, one per
 cell. Cells that raise do not stop it, so later checks still run. A cell past the per-cell
@@ -49,6 +55,7 @@ out is graded again alone, and only that result counts.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -67,17 +74,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from vitlab_grader import anomalies as scan
 from vitlab_grader.exercises import DEFAULT_POINTS, parse, source
 from vitlab_grader.release import (
     Release,
     ReleaseCheck,
-    copied_references,
+    hidden_spec,
     match_release,
     plan,
     read_release,
-    reference_objects,
-    suspicious,
-    vitlab_names,
 )
 
 STATUSES = ("PASS", "FAIL", "TODO", "ERROR", "TIMEOUT")
@@ -408,6 +413,7 @@ class _Settings:
     sandbox: bool
     limits: Any = None  # vitlab_grader.isolation.Limits; None: its defaults
     run_dir: Path | None = None  # the run's own temporary folder
+    secret: bytes | None = None  # the release's secret: hidden cases (None: public cases only)
 
 
 def _score(status: str, worth: float, fraction: float | None, all_or_nothing: bool) -> float | None:
@@ -579,7 +585,7 @@ def _read_answers(path: Path, cases: int) -> Any:
 
 
 def _verdict(
-    spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any
+    spec: Any, answers: Any, run: _Run, index: int, cell: Any, describe: Any, hidden: Any = None
 ) -> tuple[str, str, float | None, str]:
     """``(status, message, fraction, function)`` of one exercise after the run."""
     from vitlab.checks._core import evaluate
@@ -597,19 +603,52 @@ def _verdict(
         raised = _error(cell)
         return "ERROR", answers + (f" (the grader's cell raised {raised})" if raised else ""), None, ""
     try:
-        result = evaluate(spec, answers)
+        result = evaluate(spec, _part(answers, 0, len(spec.cases)))
+        if hidden is not None:
+            result = _with_hidden(result, evaluate(hidden, _part(answers, len(spec.cases), len(hidden.cases))))
     except Exception as exc:  # noqa: BLE001 - answers the comparison cannot take cost this exercise only
         return "ERROR", f"the answers cannot be compared: {type(exc).__name__}: {_first_line(str(exc))}", None, ""
     return _DATA_STATUS[result.status], result.message, result.fraction, answers.function
 
 
-def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, Any]) -> None:
+_HIDDEN_ONLY = "hidden cases do not"  # in the message of an answer that fails hidden cases only
+
+
+def _part(answers: Any, start: int, count: int) -> Any:
+    """The answers to cases ``start`` to ``start + count`` (the public or the hidden ones)."""
+    from vitlab.checks._core import Answers
+
+    graded = answers.gradient_case
+    at = graded - start if graded is not None and start <= graded < start + count else None
+    return Answers(answers.cases[start : start + count], answers.gradient if at is not None else None, at,
+                   answers.function)  # fmt: skip
+
+
+def _with_hidden(public: Any, hidden: Any) -> Any:
+    """One result for the public and hidden cases: both counted; of the hidden ones, only how many failed."""
+    failed = hidden.cases_total - hidden.cases_passed
+    passed, total = public.cases_passed + hidden.cases_passed, public.cases_total + hidden.cases_total
+    message, status = public.message, public.status
+    if failed and public.passed:
+        status = "failed"
+        message = (f"FAIL {public.name}: the {public.cases_total} public cases match the reference, but "
+                   f"{failed} of {hidden.cases_total} {_HIDDEN_ONLY} (hidden cases are not shown)")  # fmt: skip
+    elif failed and public.status == "failed":
+        message += f" ({failed} of {hidden.cases_total} hidden cases failed too)"
+    elif public.passed:
+        message += f" (and {hidden.cases_total} hidden cases)"
+    return dataclasses.replace(public, status=status, message=message, cases_passed=passed, cases_total=total)
+
+
+def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, Any], hidden: dict[str, Any]) -> None:
+    """Each check's cases for the grader's cell: the public ones, then the hidden ones (if any)."""
     import torch
 
     work = folder / _WORK
     work.mkdir()
     for check in checks:
-        torch.save(list(specs[check.check].cases), work / f"{check.number}-cases.pt")
+        extra = hidden[check.check].cases if check.check in hidden else ()
+        torch.save([*specs[check.check].cases, *extra], work / f"{check.number}-cases.pt")
 
 
 def _grade_submission(
@@ -662,12 +701,13 @@ def _run_in(
     result.anomalies += planned.anomalies
     cells = notebook["cells"]
     specs = {check.check: check_spec(check.check) for check in release.checks}
+    secret = settings.secret
+    hidden = {check.check: hidden_spec(check.check, secret) for check in release.checks} if secret else {}
     code = [source(cells[n]) for kind, n in planned.origins if kind == "student"]
-    release_code = [
-        source(c) for i, c in enumerate(release.notebook.get("cells", []))
-        if c.get("cell_type") == "code" and i not in {check.cell for check in release.checks}
-    ]  # fmt: skip
-    baseline = vitlab_names(release_code)
+    # judged: the cells the student wrote or changed; the release's own only bind names
+    written = scan.student_cells([cells[n] for kind, n in planned.origins if kind == "student"],
+                                 release.notebook.get("cells", []))  # fmt: skip
+    names = _scan(result, code, lambda: scan.names_of(code), scan.Names())
     for text in code:  # what the scan cannot parse: reported, the rest is scanned
         try:
             parse(text)
@@ -675,9 +715,10 @@ def _run_in(
             if str(exc.msg).startswith("too complex to parse"):
                 note = f"the static scan could not read a cell: {exc.msg}"
                 result.anomalies += [] if note in result.anomalies else [note]
-    used = _scan(result, code, lambda: copied_references(code, baseline), [])
+    used = _scan(result, code, lambda: scan.from_checks(written, names), [])
     result.anomalies += [f"uses {name} (from vitlab.checks)" for name in used]
-    result.anomalies += [f"the code {what}" for what in _scan(result, code, lambda: suspicious(code, release_code), [])]
+    found = _scan(result, code, lambda: scan.suspicious(written, names), [])
+    result.anomalies += [f"the code {what}" for what in found]
     run_cells = [nbformat.v4.new_code_cell(text) for text in planned.sources]
     run_notebook = nbformat.v4.new_notebook(cells=run_cells, metadata=release.notebook.get("metadata", {}))
     describe = partial(_describe, planned.origins, release, cells)
@@ -685,8 +726,10 @@ def _run_in(
     number_at = {i: number for i, (kind, number) in enumerate(planned.origins) if kind == "check"}
     work = folder / _WORK
     saved: dict[int, bytes | str] = {}  # the answers files, read right after their check cells
+    tripped: list[str] = []  # the checks' references the kernel called (read with each answers file)
 
     def read_now(index: int) -> None:
+        tripped.extend(scan.read_tripped(folder))
         answers = work / f"{number_at[index]}-answers.pt"
         if not os.path.lexists(answers):
             saved[index] = "the grader's cell saved no answers"
@@ -697,10 +740,15 @@ def _run_in(
             saved[index] = str(exc)
 
     start = time.monotonic()
-    _write_cases(folder, release.checks, specs)
+    _write_cases(folder, release.checks, specs, hidden)
     limits = settings.limits if settings.limits is not None else DEFAULT_LIMITS
     km, isolation = isolated_kernel_manager(
-        folder, scrubbed_env(), sandbox=settings.sandbox, limits=limits, parent=settings.run_dir
+        folder,
+        scrubbed_env(),
+        sandbox=settings.sandbox,
+        limits=limits,
+        parent=settings.run_dir,
+        startup=[scan.arm_line(str(folder))],
     )
     result.sandbox, result.isolation = isolation.sandbox, isolation.note
     try:
@@ -708,6 +756,8 @@ def _run_in(
     finally:
         end_processes(km)  # every process the kernel started is gone before anything is read
     result.seconds = round(time.monotonic() - start, 1)
+    for name in dict.fromkeys([*tripped, *scan.read_tripped(folder)]):
+        result.anomalies.append(f"the code called {name}, a check's own code (it computed nothing)")
     result.restarts = run.restarts
     if run.output_bytes > OUTPUT_LIMIT:
         result.anomalies.append(
@@ -730,19 +780,27 @@ def _run_in(
         result.status, result.error = "ERROR", run.died[min(run.died)]
     where = {number: i for i, number in number_at.items()}
     for check in release.checks:
-        spec = specs[check.check]
+        spec, secret_cases = specs[check.check], hidden.get(check.check)
         index = where[check.number]
         read = saved.get(index, "the grader's cell did not run")
-        found = read if isinstance(read, str) else _load_answers(read, len(spec.cases))
+        count = len(spec.cases) + (len(secret_cases.cases) if secret_cases else 0)
+        found = read if isinstance(read, str) else _load_answers(read, count)
         later = _read_answers_bytes(work / f"{check.number}-answers.pt")
         if index in saved and later != read:
             result.anomalies.append(
                 f"{check.check}: the answers file ({_WORK}/{check.number}-answers.pt) changed after its check ran; "
                 "the grader used what the check saved"
             )
-        status, message, fraction, function = _verdict(spec, found, run, index, run_notebook.cells[index], describe)
-        references = reference_objects(spec.reference, check.check)
-        flags = _scan(result, code, lambda: copied_references(code, baseline, references), [])  # noqa: B023
+        status, message, fraction, function = _verdict(
+            spec, found, run, index, run_notebook.cells[index], describe, secret_cases
+        )
+        if status == "FAIL" and _HIDDEN_ONLY in message:
+            result.anomalies.append(
+                f"{check.check}: every public case passes, but hidden cases fail: an answer fitted to the public "
+                "cases (a table of their outputs?) or a slip they do not catch"
+            )
+        references = scan.reference_objects(spec.reference, check.check)
+        flags = _scan(result, code, lambda: scan.copied(written, names, check.function, references), [])  # noqa: B023
         if function.startswith("vitlab."):
             flags.append(f"the answer is vitlab's own {function}")
         score = _score(status, check.points, fraction, settings.all_or_nothing)
@@ -792,6 +850,7 @@ def grade(
     root: str | Path | None = None,
     sandbox: bool = True,
     limits: Any = None,
+    secret: bytes | None = None,
 ) -> Iterator[NotebookResult]:
     """Grade submissions against the release, one after the other (or ``jobs`` at a time).
 
@@ -817,6 +876,8 @@ def grade(
             processes are still isolated).
         limits: each kernel's :class:`vitlab_grader.isolation.Limits` (default
             :data:`vitlab_grader.isolation.DEFAULT_LIMITS`).
+        secret: the release's secret (:func:`vitlab_grader.release.read_secret`): every
+            check also runs its hidden cases (``None``: the public cases only).
 
     Raises:
         AssignmentError: the release cannot be read.
@@ -839,7 +900,7 @@ def grade(
         except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - costs this submission only
             parsed.append((path, f"the grader could not read it: {type(exc).__name__}"))
     run_dir = Path(tempfile.mkdtemp(prefix="vitlab-grade-"))  # the run's own: submissions' and kernels' folders
-    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir)
+    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir, secret)
 
     def one(item: tuple[Path, Any]) -> NotebookResult:
         path, read = item

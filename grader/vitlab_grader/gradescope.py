@@ -16,7 +16,10 @@ The zip this module builds:
   that wrote the release: the checks cannot change between release and grading);
 - ``run_autograder``: ``python -m vitlab_grader.gradescope --root /autograder``;
 - ``release/``: the student notebooks and the files they ship; ``settings.json``: the
-  time limits, partial credit and visibility.
+  time limits, partial credit and visibility;
+- ``hidden.key``, given the release's secret: every check's hidden cases are graded
+  (:func:`vitlab_grader.release.hidden_spec`). It is in the autograder only, which
+  Gradescope never shows to students, and outside ``release/``.
 
 ``results.json`` has one test per exercise of the release (``name``, ``score``,
 ``max_score``, ``status``, ``output``: the check's message, ``visibility``), and the
@@ -51,6 +54,7 @@ REQUIREMENTS = (
     "matplotlib", "scikit-image", "scikit-learn", "timm", "torchinfo", "graphviz",
 )  # fmt: skip
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+SECRET_FILE = "hidden.key"  # the release's secret in the zip (/autograder/source/hidden.key)
 
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, when it builds the autograder's image.
@@ -117,6 +121,7 @@ def build(
     cell_timeout: float | None = None,
     all_or_nothing: bool = False,
     visibility: str = "visible",
+    secret: bytes | None = None,
 ) -> Path:
     """Write the autograder zip (the module's docstring); its path.
 
@@ -139,7 +144,8 @@ def build(
     torchvision = f'"torchvision=={vision}"' if vision else "torchvision"
     requirements = [f"{name}=={_version(name)}" for name in REQUIREMENTS if _version(name, "") != ""]
     settings = {"timeout": timeout, "cell_timeout": cell_timeout, "all_or_nothing": all_or_nothing,
-                "visibility": visibility, "vitlab": vitlab_version, "vitlab_grader": grader_version}  # fmt: skip
+                "visibility": visibility, "vitlab": vitlab_version, "vitlab_grader": grader_version,
+                "hidden_cases": secret is not None}  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -154,6 +160,8 @@ def build(
         put("run_autograder", RUN_AUTOGRADER, 0o755)
         put("requirements.txt", "\n".join(requirements) + "\n")
         put("settings.json", json.dumps(settings, indent=1) + "\n")
+        if secret is not None:
+            put(SECRET_FILE, secret.hex() + "\n", 0o600)
         for package, distribution, version in (
             ("vitlab", "vitlab", vitlab_version), ("vitlab_grader", "vitlab-grader", grader_version),
         ):  # fmt: skip
@@ -225,7 +233,7 @@ def results_json(results: list[Any], releases: list[Any], visibility: str, secon
 def run(root: str | Path = "/autograder") -> dict[str, Any]:
     """Grade ``root/submission/*.ipynb`` against ``root/source/release``; write and return ``results.json``."""
     from vitlab_grader.grade import grade
-    from vitlab_grader.release import read_release
+    from vitlab_grader.release import read_release, read_secret
     from vitlab_grader.report import summary
 
     root = Path(root)
@@ -242,6 +250,8 @@ def run(root: str | Path = "/autograder") -> dict[str, Any]:
         results = []
         if paths:
             options = {"cell_timeout": settings.get("cell_timeout"), "all_or_nothing": settings.get("all_or_nothing")}
+            key = root / "source" / SECRET_FILE
+            options["secret"] = read_secret(key) if settings.get("hidden_cases") or key.exists() else None
             # one submission, one student: every file gets its own path as its id
             ids = {"id_source": "pattern", "id_pattern": r"^(?P<id>.+)$", "root": folder}
             for result in grade(paths, [release], timeout=settings.get("timeout", 480), **options, **ids):

@@ -98,7 +98,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -471,6 +471,7 @@ class IsolatedKernelManager(AsyncKernelManager):
     _runtime: Path
     _supervisors: set[int]
     _limits: Limits
+    _startup: tuple[str, ...] = ()  # IPython options that run lines at start-up (isolated_kernel_manager)
 
     def _setup(self, folder: Path, env: dict[str, str], isolation: Isolation, runtime: Path, limits: Limits) -> None:
         self._folder, self._kernel_env, self._isolation, self._runtime = folder, env, isolation, runtime
@@ -493,7 +494,7 @@ class IsolatedKernelManager(AsyncKernelManager):
     def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
         # parent_handle=1: do not watch the parent process (invisible from a pid namespace)
         kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", self.connection_file,
-                  "--IPKernelApp.parent_handle=1", *(extra_arguments or [])]  # fmt: skip
+                  "--IPKernelApp.parent_handle=1", *self._startup, *(extra_arguments or [])]  # fmt: skip
         limits = self._limits
         processes = limits.processes if self._isolation.sandbox != "none" else None
         numbers = [limits.memory or 0, processes or 0, limits.nice]
@@ -543,6 +544,7 @@ def isolated_kernel_manager(
     sandbox: bool = True,
     limits: Limits = DEFAULT_LIMITS,
     parent: str | Path | None = None,
+    startup: Sequence[str] = (),
 ) -> tuple[AsyncKernelManager, Isolation]:
     """A kernel manager for one submission, and how its kernel will be isolated.
 
@@ -553,7 +555,8 @@ def isolated_kernel_manager(
     what it sees), under ``limits``. Its private runtime folder is made in ``parent``
     (default: the system's temporary folder) under a new, unique name. Use it as
     ``nbclient.NotebookClient(nb, km=km)``; after the kernel's shutdown call
-    :func:`end_processes`.
+    :func:`end_processes`. ``startup``: lines of Python the kernel runs before any cell (IPython's
+    ``exec_lines``; the grader arms its tripwires so, :func:`vitlab_grader.anomalies.arm`), also after a restart.
     """
     folder = Path(folder)
     if not folder.is_absolute() or not folder.is_dir():
@@ -578,6 +581,7 @@ def isolated_kernel_manager(
     runtime = Path(tempfile.mkdtemp(prefix="vitlab-kernel-", dir=parent))
     km = IsolatedKernelManager(kernel_name="python3")
     km._setup(folder, kernel_env, isolation, runtime, limits)
+    km._startup = tuple(f"--IPKernelApp.exec_lines={line}" for line in startup)
     return km, isolation
 
 

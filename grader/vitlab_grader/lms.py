@@ -66,6 +66,7 @@ from vitlab_grader.report import (
     gradebook,
     is_late,
     number,
+    shows_anomalies,
     total,
     unscored,
 )
@@ -223,8 +224,9 @@ def write_canvas(
     return notes
 
 
-def _comment(results: list[NotebookResult]) -> str:
-    """Moodle's ``Feedback comments`` (HTML): each exercise's status and points, the notes; all escaped."""
+def _comment(results: list[NotebookResult], anomalies_to: str = "instructor") -> str:
+    """Moodle's ``Feedback comments`` (HTML, the student sees it): each exercise's status and points, why a
+    score is missing, and (``anomalies_to="student"``) the anomalies; all escaped."""
     parts = []
     for result in results:
         late = " (late)" if is_late(result) else ""
@@ -233,7 +235,7 @@ def _comment(results: list[NotebookResult]) -> str:
             score = exercise_score(row)
             worth = f"{number(score) if score is not None else '-'} / {number(row.points)}"
             parts.append(f"{html.escape(clean(row.exercise, lines=False))}: {html.escape(row.status)} {worth}")
-        for note in unscored(result) + anomalies(result):
+        for note in unscored(result) + (anomalies(result) if shows_anomalies(anomalies_to) else []):
             parts.append(html.escape(clean(note, lines=False)))
     return "<br>".join(parts)
 
@@ -244,6 +246,7 @@ def write_moodle(
     *,
     points: float | None = None,
     worksheet: str | Path | None = None,
+    anomalies_to: str = "instructor",
 ) -> list[str]:
     """Moodle's offline grading worksheet (the module's docstring); the notes for the instructor.
 
@@ -268,7 +271,7 @@ def write_moodle(
                 done.add(student)
                 if scores[student] is not None:  # no score: the worksheet's grade stays
                     row["Grade"] = scores[student]
-                row["Feedback comments"] = _comment(grouped[student])
+                row["Feedback comments"] = _comment(grouped[student], anomalies_to)
             else:
                 notes.append(f"no submission: {clean(_cell(entry, 'Full name'), lines=False)} ({student})")
             rows.append(row)
@@ -283,7 +286,7 @@ def write_moodle(
         rows.append({
             "Identifier": f"Participant {student}", "Full name": found[0], "Status": "Submitted for grading",
             "Grade": scores[student], "Maximum Grade": best, "Grade can be changed": "Yes",
-            "Feedback comments": _comment(grouped[student]),
+            "Feedback comments": _comment(grouped[student], anomalies_to),
         })  # fmt: skip
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\r\n")
@@ -292,13 +295,15 @@ def write_moodle(
     return notes
 
 
-def write_moodle_feedback(results: list[NotebookResult], folder: str | Path, fmt: str = "md") -> list[Path]:
+def write_moodle_feedback(
+    results: list[NotebookResult], folder: str | Path, fmt: str = "md", anomalies_to: str = "instructor"
+) -> list[Path]:
     """One feedback file per submission, ``<folder>/<Full name>_<id>_assignsubmission_file_/feedback-<name>.<fmt>``.
 
     Zip the folder's contents (not the folder) and upload them with "Upload multiple
     feedback files in a zip". A submission without a Moodle participant id gets no file.
     """
-    feedback_text(NotebookResult(""), fmt)  # the format, before any file is written
+    feedback_text(NotebookResult(""), fmt, anomalies_to)  # the format, before any file is written
     folder = Path(folder)
     written = []
     for result in results:
@@ -308,7 +313,7 @@ def write_moodle_feedback(results: list[NotebookResult], folder: str | Path, fmt
         name = re.sub(r"[^\w.+-]+", "_", clean(Path(result.notebook).name, lines=False)).lstrip(".")
         target = folder / _safe_part(found[2]) / f"feedback-{name.removesuffix('.ipynb')}.{fmt}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(feedback_text(result, fmt), encoding="utf-8")
+        target.write_text(feedback_text(result, fmt, anomalies_to), encoding="utf-8")
         written.append(target)
     return written
 

@@ -5,17 +5,23 @@ cells, drops every check cell it has (tagged ``check`` or calling ``vitlab.check
 puts a grader's cell (:mod:`vitlab_grader.harness`) where each of the release's check
 cells is. What differs from the release is an *anomaly*: a check cell edited, missing,
 duplicated or added, its metadata changed (points, tags), a stamp that names another
-notebook. Anomalies never change a score; the report lists them.
+notebook. Anomalies never change a score; the report lists them. What the student's own
+code does is read in :mod:`vitlab_grader.anomalies`.
 
-:func:`copied_references` reads the submission's code (never runs it) for uses of
-``vitlab.checks`` and of the vitlab objects a check's reference is built from.
+**Hidden cases.** A release may have a secret (:func:`read_secret`, written by
+``student --secret FILE``) that the instructor keeps and students never get. Each check then
+also has hidden cases (:func:`hidden_spec`): the check's own cases built again under
+:func:`vitlab.checks._core.hidden_cases` with the key ``HMAC-SHA256(secret, check name)``:
+the same kinds and sizes, other values. A table of the public cases' outputs fails them.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
-import re
+import hashlib
+import hmac
+import os
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +40,8 @@ from vitlab_grader.exercises import (
 from vitlab_grader.ids import undecorated
 
 STAMP = "release"  # notebook metadata vitlab.release: the release notebook a student copy came from
+VERSION_STAMP = "vitlab"  # notebook metadata vitlab.vitlab: the vitlab version the release pins
+SECRET_BYTES = 32  # the hidden cases' secret: 32 random bytes, written as 64 hex digits
 SHIPPED_LIMIT = 50 * 2**20  # bytes of other files a release folder may ship with its notebooks
 
 
@@ -112,6 +120,43 @@ def read_release(sources: Iterable[str | Path]) -> list[Release]:
     return releases
 
 
+def write_secret(path: str | Path) -> bool:
+    """Write a new secret to ``path`` (readable by its owner only) unless it has one; whether it wrote one."""
+    path = Path(path)
+    if path.exists():
+        read_secret(path)  # a file that is there must be a secret
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(secrets.token_hex(SECRET_BYTES) + "\n")
+    return True
+
+
+def read_secret(path: str | Path) -> bytes:
+    """The secret in ``path`` (hex digits, at least 16 bytes' worth).
+
+    Raises:
+        AssignmentError: no such file, or not a secret.
+    """
+    try:
+        secret = bytes.fromhex(Path(path).read_text(encoding="ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise AssignmentError(f"{path}: not a secret for hidden cases ({type(exc).__name__})") from None
+    if len(secret) < 16:
+        raise AssignmentError(f"{path}: a secret for hidden cases has at least 32 hex digits")
+    return secret
+
+
+def hidden_spec(check: str, secret: bytes) -> Any:
+    """The spec of ``check``'s hidden cases: its cases drawn with the key HMAC-SHA256(``secret``, ``check``)."""
+    from vitlab.checks._core import hidden_cases
+    from vitlab_grader.specs import check_spec
+
+    with hidden_cases(hmac.new(secret, check.encode(), hashlib.sha256).digest()):
+        return check_spec(check)
+
+
 def match_release(path: Path, notebook: dict[str, Any], releases: list[Release]) -> tuple[Release | None, list[str]]:
     """The release notebook a submission answers, and the anomalies found on the way.
 
@@ -120,7 +165,8 @@ def match_release(path: Path, notebook: dict[str, Any], releases: list[Release])
     student copy's stamp names. The stamp is the student's to change, so a stamp that
     names another release notebook is an anomaly and never decides over the file name.
     """
-    stamp = (notebook.get("metadata", {}).get("vitlab") or {}).get(STAMP)
+    stamps = notebook.get("metadata", {}).get("vitlab")
+    stamp = stamps.get(STAMP) if isinstance(stamps, dict) else None
     base = undecorated(path.name)  # the student ids' rules: "Copy of 09_pit (1)" is "09_pit"
     by_name = sorted(
         (r for r in releases if base == Path(r.name).name or base.endswith(("_" + Path(r.name).name, " " + r.name))),
@@ -135,7 +181,17 @@ def match_release(path: Path, notebook: dict[str, Any], releases: list[Release])
     anomalies = []
     if chosen is not None and stamp is not None and stamp != chosen.name:
         anomalies.append(f"the notebook's stamp names the release notebook {stamp!r}; graded as {chosen.name!r}")
+    pinned, made = pinned_version(chosen.notebook) if chosen is not None else None, pinned_version(notebook)
+    if pinned is not None and made is not None and made != pinned:  # no stamp (metadata lost): nothing to say
+        anomalies.append(f"made against vitlab {made[:40]!r}, not the release's {pinned!r} (graded with the release's)")
     return chosen, anomalies
+
+
+def pinned_version(notebook: dict[str, Any]) -> str | None:
+    """The vitlab version a student copy was made for (its metadata ``vitlab.vitlab``), or ``None``."""
+    stamps = notebook.get("metadata", {}).get("vitlab")
+    version = stamps.get(VERSION_STAMP) if isinstance(stamps, dict) else None
+    return version if isinstance(version, str) else None
 
 
 # ---------------------------------------------------------------- the cells that run
@@ -251,200 +307,3 @@ def plan(notebook: dict[str, Any], release: Release, harness: Callable[[ReleaseC
         result.sources.append(harness(check))
         result.origins.append(("check", check.number))
     return result
-
-
-# ---------------------------------------------------------------- copied references
-
-
-def _imported_names(tree: ast.AST) -> dict[str, str]:
-    """``{local name: dotted vitlab name}`` that the code's imports bind."""
-    names = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "vitlab":
-                    names[alias.asname or "vitlab"] = alias.name if alias.asname else "vitlab"
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vitlab":
-            for alias in node.names:
-                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
-    return names
-
-
-def _dotted(node: ast.AST) -> list[str] | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        return [node.id, *reversed(parts)]
-    return None
-
-
-def vitlab_names(code: Iterable[str]) -> set[str]:
-    """Every dotted vitlab name the code imports or uses, e.g. ``vitlab.layers.attention.explicit_attention``."""
-    found: set[str] = set()
-    for text in code:
-        try:
-            tree = parse(text)
-        except SyntaxError:
-            continue
-        imported = _imported_names(tree)
-        found |= {name for name in imported.values() if name.count(".") >= 1}
-        for node in ast.walk(tree):
-            parts = _dotted(node) if isinstance(node, ast.Attribute) else None
-            if parts and parts[0] in imported:
-                found.add(".".join([imported[parts[0]], *parts[1:]]))
-    return found
-
-
-def _resolve(name: str) -> Any:
-    """The vitlab object a dotted name names (vitlab's own modules only), or ``None``."""
-    parts = name.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for attr in parts[split:]:
-            obj = getattr(obj, attr, None)
-        return obj
-    return None
-
-
-# The vitlab objects that answer a check whose reference is written in the check itself: a
-# submission that uses one of them for that exercise has copied the answer.
-ANSWERED_BY: dict[str, tuple[str, ...]] = {
-    "patchify": ("vitlab.layers.patch_embed.patchify",),
-    "unpatchify": ("vitlab.layers.patch_embed.unpatchify",),
-    "scaled_dot_product_attention": (
-        "vitlab.layers.attention.explicit_attention",
-        "vitlab.layers.attention.fused_attention",
-    ),
-    "layer_scale_init": ("vitlab.models.cait.layer_scale_init_for_depth",),
-    "levit_bias_indices": ("vitlab.models.levit.attention_bias_index",),
-    "levit_shrink_bias_indices": ("vitlab.models.levit.attention_bias_index",),
-    "soft_distillation_loss": ("vitlab.distill.soft_distillation_loss",),
-    "hard_distillation_loss": ("vitlab.distill.hard_distillation_loss",),
-    "warmup_cosine": ("vitlab.train.warmup_cosine",),
-    "mean_pool_rollout": ("vitlab.rollout.attention_rollout",),
-}
-
-
-def reference_objects(reference: Callable[..., Any], check: str = "") -> list[Any]:
-    """The vitlab objects a check's reference is: itself, or (defined in vitlab.checks) the vitlab
-    functions and classes its code names, and those that answer ``check`` (:data:`ANSWERED_BY`)."""
-    module = getattr(reference, "__module__", "") or ""
-    if module.startswith("vitlab.") and not module.startswith("vitlab.checks"):
-        return [reference]
-    answers = [obj for name in ANSWERED_BY.get(check, ()) if (obj := _resolve(name)) is not None]
-    code = getattr(reference, "__code__", None)
-    scope = getattr(reference, "__globals__", {})
-    found = []
-    stack = [code] if code is not None else []
-    while stack:
-        current = stack.pop()
-        stack.extend(c for c in current.co_consts if hasattr(c, "co_names"))
-        for name in current.co_names:
-            obj = scope.get(name)
-            owner = getattr(obj, "__module__", "") or ""
-            if callable(obj) and owner.startswith("vitlab.") and not owner.startswith("vitlab.checks"):
-                found.append(obj)
-    return answers + found
-
-
-def copied_references(code: list[str], baseline: set[str], references: list[Any] | None = None) -> list[str]:
-    """The vitlab names the submission's code uses that look like a copied answer.
-
-    ``code``: the submission's code cells (its check cells left out); ``baseline``: the
-    names the release's own cells use (its ``import vitlab.checks`` is not a copy).
-    Without ``references``: the names inside ``vitlab.checks`` (a check's private reference
-    or machinery); with them (:func:`reference_objects` of one exercise): the names that
-    are one of them.
-    """
-    flagged = []
-    for name in sorted(vitlab_names(code) - baseline):
-        inside_checks = name.startswith("vitlab.checks.") and name.count(".") >= 2
-        if references is None:
-            if inside_checks:
-                flagged.append(name)
-        elif not inside_checks and any(_resolve(name) is r for r in references):
-            flagged.append(name)
-    return flagged
-
-
-# ---------------------------------------------------------------- what the code tries
-
-
-_STACK = {"f_back", "f_locals", "f_globals", "_getframe", "currentframe", "stack", "getouterframes", "tb_frame"}
-_PROCESSES = {"subprocess", "multiprocessing", "pty"}
-_OS_PROCESSES = {"system", "popen", "fork", "forkpty", "setsid", "execv", "execve", "execvp", "posix_spawn"}
-_CHECK_LINE = re.compile(r"\b(PASS|FAIL|TODO) [A-Za-z_]\w*[ :\[]")
-_OUTSIDE = re.compile(r"^(/|~)|(^|/)\.\.(/|$)")
-_SHELL = re.compile(r"^\s*(!|%%(bash|sh|script)\b|%(system|sx)\b)", re.MULTILINE)
-
-
-def _findings(text: str) -> set[str]:
-    """What one code cell does that a grader should know of (see :func:`suspicious`)."""
-    found = set()
-    if _SHELL.search(text):
-        found.add("runs shell commands")
-    try:
-        tree = parse(text)
-    except SyntaxError:
-        return found
-    imported = _imported_names(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            parts = _dotted(node)
-            if parts and isinstance(node.ctx, (ast.Store, ast.Del)) and parts[0] in imported:
-                found.add(f"replaces {'.'.join([imported[parts[0]], *parts[1:]])}")
-            if node.attr in _STACK:
-                found.add(f"walks the call stack ({node.attr})")
-            if parts and parts[-2:] == ["sys", "modules"]:
-                found.add("changes or reads sys.modules")
-            if parts and parts[-2:] in (["os", "environ"], ["os", "getenv"], ["os", "environb"]):
-                found.add("reads the environment (os.environ)")
-            if parts and len(parts) >= 2 and parts[-2] == "os" and parts[-1] in _OS_PROCESSES:
-                found.add(f"starts processes (os.{parts[-1]})")
-            if node.attr == "register" and parts and "events" in parts:
-                found.add("registers an IPython event hook")
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for module in modules:
-                if module.split(".")[0] in _PROCESSES:
-                    found.add(f"starts processes ({module})")
-            if isinstance(node, ast.ImportFrom) and node.module == "os":
-                for alias in node.names:
-                    if alias.name in _OS_PROCESSES:
-                        found.add(f"starts processes (os.{alias.name})")
-                    if alias.name in ("environ", "getenv"):
-                        found.add("reads the environment (os.environ)")
-            if isinstance(node, ast.ImportFrom) and node.module == "sys":
-                if any(a.name == "modules" for a in node.names):
-                    found.add("changes or reads sys.modules")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            value = node.value
-            line = _CHECK_LINE.search(value)
-            if line is not None:
-                found.add(f"writes a check's result line ({line.group(0).strip(' :[')} ...)")
-            if "vnd.vitlab" in value:
-                found.add("shows data of the checks' MIME type")
-            if value in ("post_run_cell", "pre_run_cell", "post_execute", "pre_execute"):
-                found.add(f"registers an IPython event hook ({value})")
-            if _OUTSIDE.search(value.strip()) and "\n" not in value and len(value) < 300:
-                found.add(f"names a path outside its folder ({value.strip()!r})")
-    return found
-
-
-def suspicious(code: list[str], release_code: list[str]) -> list[str]:
-    """What the submission's code does that no honest answer needs, for the instructor to look at.
-
-    Replacing anything of vitlab, walking the call stack, touching ``sys.modules``,
-    registering IPython event hooks, writing a check's ``PASS`` line or showing the checks'
-    data, reading the environment, starting processes, naming paths outside its folder.
-    What the release's own cells do (``release_code``) is not reported. These are hints
-    read from the code, not proof, and they never change a score.
-    """
-    baseline = set().union(*(_findings(text) for text in release_code)) if release_code else set()
-    found = set().union(*(_findings(text) for text in code)) if code else set()
-    return sorted(found - baseline)

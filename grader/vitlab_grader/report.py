@@ -146,6 +146,19 @@ def anomalies(result: NotebookResult) -> list[str]:
     return notes + ([result.isolation] if result.isolation else [])
 
 
+# Who reads the anomalies and flags: "instructor" (the report, JSON and gradebook only; the
+# default) or "student" (the feedback too). An anomaly is a hint for the instructor to look
+# at, not a verdict, and it tells a student who tries what the grader notices.
+ANOMALIES = ("instructor", "student")
+
+
+def shows_anomalies(anomalies_to: str) -> bool:
+    """Whether the student's feedback shows the anomalies (``anomalies_to`` is one of :data:`ANOMALIES`)."""
+    if anomalies_to not in ANOMALIES:
+        raise ValueError(f"anomalies go to 'instructor' or 'student', got {anomalies_to!r}")
+    return anomalies_to == "student"
+
+
 def notes(result: NotebookResult) -> list[str]:
     """The report's notes on a notebook: why a score is missing, then its anomalies; clean, one line each."""
     return [clean(note, lines=False) for note in unscored(result) + anomalies(result)]
@@ -305,10 +318,12 @@ def _score_line(result: NotebookResult) -> tuple[str, str]:
     return f"{number(score)} / {number(max_score(result))}", passed
 
 
-def feedback_markdown(result: NotebookResult) -> str:
+def feedback_markdown(result: NotebookResult, anomalies_to: str = "instructor") -> str:
     """A submission's feedback as Markdown: score, notebook problems, each exercise's status, points and message.
 
-    Student text is escaped, or shown in fenced blocks it cannot close.
+    Student text is escaped, or shown in fenced blocks it cannot close. The anomalies and
+    flags are the instructor's (the report, the JSON, the gradebook) unless ``anomalies_to``
+    is ``"student"`` (:data:`ANOMALIES`).
     """
     name = md_text(Path(result.notebook).name)
     lines = [f"# Feedback on {name}", ""]
@@ -324,7 +339,7 @@ def feedback_markdown(result: NotebookResult) -> str:
     if unscored(result):
         lines += ["Not graded (the score is left empty, not 0):", ""]
         lines += [f"- {md_text(note)}" for note in unscored(result)] + [""]
-    if anomalies(result):
+    if anomalies(result) and shows_anomalies(anomalies_to):
         lines += ["Noted for your instructor (no effect on the score):", ""]
         lines += [f"- {md_text(note)}" for note in anomalies(result)] + [""]
     lines += ["| Exercise | Your function | Status | Cases | Points |", "|---|---|---|---|---|"]
@@ -345,7 +360,7 @@ _STYLE = (
 )
 
 
-def feedback_html(result: NotebookResult) -> str:
+def feedback_html(result: NotebookResult, anomalies_to: str = "instructor") -> str:
     """The same content as :func:`feedback_markdown`, as a standalone HTML page; everything escaped."""
 
     def e(text: object) -> str:
@@ -370,7 +385,7 @@ def feedback_html(result: NotebookResult) -> str:
     if unscored(result):
         parts.append("<p>Not graded (the score is left empty, not 0):</p><ul>")
         parts += [f"<li>{e(note)}</li>" for note in unscored(result)] + ["</ul>"]
-    if anomalies(result):
+    if anomalies(result) and shows_anomalies(anomalies_to):
         parts.append("<p>Noted for your instructor (no effect on the score):</p><ul>")
         parts += [f"<li>{e(note)}</li>" for note in anomalies(result)] + ["</ul>"]
     parts.append("<table><tr><th>Exercise</th><th>Your function</th><th>Status</th><th>Cases</th><th>Points</th></tr>")
@@ -386,26 +401,29 @@ def feedback_html(result: NotebookResult) -> str:
     return "\n".join(parts)
 
 
-def feedback_text(result: NotebookResult, fmt: str) -> str:
+def feedback_text(result: NotebookResult, fmt: str, anomalies_to: str = "instructor") -> str:
     if fmt not in ("md", "html"):
         raise ValueError(f"feedback format must be 'md' or 'html', got {fmt!r}")
-    return feedback_markdown(result) if fmt == "md" else feedback_html(result)
+    shows_anomalies(anomalies_to)
+    return feedback_markdown(result, anomalies_to) if fmt == "md" else feedback_html(result, anomalies_to)
 
 
-def write_feedback(results: list[NotebookResult], folder: str | Path, fmt: str = "md") -> list[Path]:
+def write_feedback(
+    results: list[NotebookResult], folder: str | Path, fmt: str = "md", anomalies_to: str = "instructor"
+) -> list[Path]:
     """One feedback file per submission in ``folder`` (``<notebook name>.md`` or ``.html``); the paths written.
 
     The names are the submissions' names with anything but letters, digits and ``.+-_``
-    replaced by ``_`` (a file name cannot leave ``folder``).
+    replaced by ``_`` (a file name cannot leave ``folder``). ``anomalies_to``: :data:`ANOMALIES`.
     """
-    feedback_text(NotebookResult(""), fmt)  # the format, before any file is written
+    feedback_text(NotebookResult(""), fmt, anomalies_to)  # the format, before any file is written
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     used: set[str] = set()
     written = []
     for result in results:
         target = folder / _feedback_name(result, used, f".{fmt}")
-        target.write_text(feedback_text(result, fmt), encoding="utf-8")
+        target.write_text(feedback_text(result, fmt, anomalies_to), encoding="utf-8")
         written.append(target)
     return written
 

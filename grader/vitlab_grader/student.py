@@ -9,13 +9,17 @@ or ``answer``, all outputs and execution counts, every other cell metadata
 ``hide-input``) and all notebook metadata except ``kernelspec`` and ``language_info``.
 :func:`make_student` stamps each copy with its name in the release
 (``metadata.vitlab.release``, e.g. ``"09_pit"``), which the grader uses to match a
-submission whose file name does not say which notebook it is.
+submission whose file name does not say which notebook it is, and with the vitlab version
+it was made with (``metadata.vitlab.vitlab``); the Colab setup cell's
+``vitlab @ git+https://...@main`` is pinned to that version's tag (``@v0.1.0``, or another
+ref), so the checks a student runs are the ones the release was made with.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +38,16 @@ from vitlab_grader.exercises import (
     source,
     tags,
 )
-from vitlab_grader.release import STAMP
+from vitlab_grader.release import STAMP, VERSION_STAMP
 
 KEEP_TAGS = (EXERCISE, CHECK, "raises-exception")
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
+_VITLAB_INSTALL = re.compile(r"(vitlab(?:\[[\w,]*\])? @ git\+[^@\s\"']+)@[^\s\"']+")  # pip's "vitlab @ git+URL@ref"
+
+
+def pin_setup(text: str, ref: str) -> str:
+    """``text`` with every ``vitlab @ git+URL@ref`` pip requirement pinned to ``ref``."""
+    return _VITLAB_INSTALL.sub(lambda m: f"{m.group(1)}@{ref}", text)
 
 
 @dataclass(frozen=True)
@@ -100,18 +110,22 @@ def _leaks(instructor: dict[str, Any], written: str) -> list[str]:
     return [h[:60] for h in hidden if h and h in text]
 
 
-def make_student(sources: list[str | Path], out: str | Path) -> list[StudentCopy]:
+def make_student(sources: list[str | Path], out: str | Path, *, vitlab_ref: str | None = None) -> list[StudentCopy]:
     """Write the student copy of every notebook in ``sources`` (files or folders) under ``out``.
 
     A folder's notebooks keep their paths relative to it. Nothing is written unless every
-    notebook is valid; a source is never overwritten.
+    notebook is valid; a source is never overwritten. The setup cell installs vitlab at
+    ``vitlab_ref`` (default: the tag of the running vitlab's version, ``v0.1.0``).
 
     Raises:
         AssignmentError: a notebook breaks the format, or a target would overwrite a source.
     """
     import nbformat
 
+    import vitlab
+
     out = Path(out)
+    ref = vitlab_ref or f"v{vitlab.__version__}"
     found = list(find_notebooks(sources))
     if not found:
         raise AssignmentError(f"no notebooks in {', '.join(map(str, sources))}")
@@ -126,7 +140,12 @@ def make_student(sources: list[str | Path], out: str | Path) -> list[StudentCopy
         targets[target.resolve()] = path
         try:
             student = student_notebook(instructor)
-            student["metadata"]["vitlab"] = {STAMP: relative.with_suffix("").as_posix()}
+            student["metadata"]["vitlab"] = {
+                STAMP: relative.with_suffix("").as_posix(),
+                VERSION_STAMP: vitlab.__version__,
+            }
+            for cell in student["cells"]:
+                cell["source"] = pin_setup(cell["source"], ref) if cell["cell_type"] == "code" else cell["source"]
             plans.append((path, target, instructor, student))
         except AssignmentError as exc:
             problems.extend(f"{path}: {line}" for line in str(exc).splitlines())

@@ -8,7 +8,8 @@ case again with gradients and a backward pass); :func:`evaluate` only then compu
 references and compares. :func:`run_check` does both and prints one line (``PASS ...``,
 ``FAIL name [case 2/4: ...]: ...`` or ``TODO ...``); it never raises because of the
 student's code. The grader (``vitlab_grader``) gets the spec through a :class:`SpecRequest`,
-runs step 1 in the student's kernel and step 2 in its own process.
+runs step 1 in the student's kernel and step 2 in its own process. Under :func:`hidden_cases`
+the checks build other cases of the same kinds and sizes (the grader's hidden cases).
 
 With ``VITLAB_CHECK_DATA=1`` in IPython the line is shown as display data instead, next to
 :meth:`CheckResult.to_dict` as :data:`DATA_MIME` (the grader never reads it).
@@ -16,18 +17,22 @@ With ``VITLAB_CHECK_DATA=1`` in IPython the line is shown as display data instea
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
+import hashlib
 import inspect
 import math
 import numbers
 import os
+import random
 import sysconfig
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -193,9 +198,33 @@ class Answers:
     function: str = ""
 
 
+_HIDDEN: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("vitlab_hidden_cases", default=None)
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def hidden_cases(key: bytes) -> Iterator[None]:
+    """Checks called inside build hidden cases: :func:`generator`'s seeds and :func:`vary`'s rows come from ``key``."""
+    token = _HIDDEN.set(key)
+    try:
+        yield
+    finally:
+        _HIDDEN.reset(token)
+
+
 def generator(seed: int) -> torch.Generator:
-    """A CPU generator seeded with ``seed``: the same inputs on every machine."""
+    """A CPU generator seeded with ``seed`` (mixed with the key of :func:`hidden_cases`): the same inputs everywhere."""
+    if (key := _HIDDEN.get()) is not None:
+        seed = int.from_bytes(hashlib.blake2b(str(seed).encode(), key=key[:64], digest_size=8).digest(), "big") >> 1
     return torch.Generator().manual_seed(seed)
+
+
+def vary(public: Sequence[T], draw: Callable[[random.Random], T]) -> Sequence[T]:
+    """A check's table of arguments; under :func:`hidden_cases`, as many rows from ``draw``, none a public one."""
+    if (key := _HIDDEN.get()) is None:
+        return public
+    rng = random.Random(key)
+    return tuple(row for row in (draw(rng) for _ in range(100 * len(public))) if row not in public)[: len(public)]
 
 
 def randn(seed: int, *size: int) -> Tensor:

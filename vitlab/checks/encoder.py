@@ -20,6 +20,7 @@ from vitlab.checks._core import (
     naive_softmax_of,
     run_check,
     shape,
+    vary,
 )
 from vitlab.checks._slips import turned
 from vitlab.layers.attention import Attention
@@ -260,8 +261,11 @@ def vit_param_count(fn: Callable[..., Any]) -> CheckResult:
 
     Shape: ints -> int.
     """
+    configs = vary(
+        _CONFIGS, lambda r: (r.randint(8, 1024), r.randint(1, 24), 16, r.randint(2, 999), 16 * r.randint(1, 24))
+    )
     cases = [Case(f"embed_dim={D}, depth={L}, patch_size={P}, num_classes={K}, img_size={img}",
-                  (D, L, P, K, img)) for D, L, P, K, img in _CONFIGS]  # fmt: skip
+                  (D, L, P, K, img)) for D, L, P, K, img in configs]  # fmt: skip
     return run_check("vit_param_count", fn, cases, _count, known_wrong=_COUNT_WRONGS, expect=WHOLE)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vitlab.checks._core import WHOLE, Case, CheckResult, KnownWrong, run_check
+from vitlab.checks._core import WHOLE, Case, CheckResult, KnownWrong, run_check, vary
 
 FLOPS = "these are FLOPs (2 per multiply-add); MACs are half"
 
@@ -34,7 +34,8 @@ def encoder_block_macs(fn: Callable[..., Any]) -> CheckResult:
 
     Shape: ints (and a float ratio) -> int.
     """
-    cases = [Case(f"tokens={n}, dim={d}, mlp_ratio={r}", (n, d, r)) for n, d, r in _BLOCKS]
+    rows = vary(_BLOCKS, lambda r: (r.randint(2, 800), 16 * r.randint(1, 64), r.choice((2.0, 3.0, 4.0))))
+    cases = [Case(f"tokens={n}, dim={d}, mlp_ratio={r}", (n, d, r)) for n, d, r in rows]
     wrongs = [
         KnownWrong(
             lambda n, d, r: n * (4 * d * d + 2 * d * int(d * r)),
@@ -77,7 +78,8 @@ def attention_macs(fn: Callable[..., Any]) -> CheckResult:
 
     Shape: ints -> int.
     """
-    cases = [Case(f"n_queries={q}, n_keys={k}, qk_dim={a}, v_dim={b}", (q, k, a, b)) for q, k, a, b in _ATTENTION]
+    rows = vary(_ATTENTION, lambda r: (r.randint(1, 999), r.randint(1, 999), r.randint(8, 512), r.randint(8, 512)))
+    cases = [Case(f"n_queries={q}, n_keys={k}, qk_dim={a}, v_dim={b}", (q, k, a, b)) for q, k, a, b in rows]
     wrongs = [
         KnownWrong(
             lambda q, k, a, b: q * q * (a + b),
@@ -161,6 +163,7 @@ def fusion_macs(fn: Callable[..., Any]) -> CheckResult:
     Shape: ints -> int.
     """
     sizes = ((400, 196, 96, 192), (400, 196, 192, 384), (400, 196, 384, 768), (576, 324, 224, 448), (9, 4, 8, 16))
+    sizes = vary(sizes, lambda r: (r.randint(4, 600), r.randint(4, 600), 8 * r.randint(1, 64), 8 * r.randint(1, 96)))
     labels = ("CrossViT-Ti", "CrossViT-S", "CrossViT-B", "CrossViT-18's widths on 24x24 and 18x18 grids", "a toy")
     cases = [
         Case(f"{label}: n_s={ns}, n_l={nl}, c_s={cs}, c_l={cl}", (ns, nl, cs, cl))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape
+from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, shape, vary
 
 INDEX = Expect(integer=True, index=True, rtol=0.0, atol=0.0)
 
@@ -27,7 +27,7 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
 
     Shape: resolution int -> (r*r, r*r).
     """
-    cases = [Case(f"resolution={r}", (r,)) for r in (1, 2, 3, 4, 7)]
+    cases = [Case(f"resolution={r}", (r,)) for r in vary((1, 2, 3, 4, 7), lambda g: g.randint(1, 14))]
     wrongs = [
         KnownWrong(
             lambda r: _shrink_index(r, 1, order="xy"),
@@ -125,7 +125,8 @@ def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
 
     Shape: resolution int, stride int -> (ceil(r/s)**2, r*r).
     """
-    cases = [Case(f"resolution={r}, stride={s}", (r, s)) for r, s in ((7, 2), (14, 2), (5, 3), (4, 1), (1, 2))]
+    pairs = vary(((7, 2), (14, 2), (5, 3), (4, 1), (1, 2)), lambda g: (g.randint(1, 14), g.randint(1, 3)))
+    cases = [Case(f"resolution={r}, stride={s}", (r, s)) for r, s in pairs]
     wrongs = [
         KnownWrong(
             lambda r, s: _shrink_index(r, s, queries="floor"),

@@ -19,6 +19,7 @@ from vitlab.checks._core import (
     randn,
     run_check,
     shape,
+    vary,
 )
 from vitlab.checks._slips import COLUMN_MAJOR, HARD_CODED, PADDING, pad
 
@@ -43,7 +44,8 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
 
     Shape: ints -> int.
     """
-    cases = [Case(f"size={n}, kernel={k}, stride={s}, padding={p}", (n, k, s, p)) for n, k, s, p in _COUNTS]
+    counts = vary(_COUNTS, lambda r: (r.randint(7, 400), r.randint(3, 7), r.randint(1, 3), r.randint(0, 1)))
+    cases = [Case(f"size={n}, kernel={k}, stride={s}, padding={p}", (n, k, s, p)) for n, k, s, p in counts]
     wrongs = [
         KnownWrong(
             lambda n, k, s, p: (n + 2 * p - k) / (k - s) + 1,
@@ -225,6 +227,7 @@ def t2t_grids(fn: Callable[..., Any]) -> CheckResult:
     Shape: ints -> (3, 2) integer tensor.
     """
     sizes = ((224, 320), (200, 300), (97, 131), (384, 256), (64, 33))
+    sizes = vary(sizes, lambda r: (r.randint(32, 400), r.randint(32, 400)))
     cases = [Case(f"a {h} x {w} image (height x width)", (h, w)) for h, w in sizes]
     expect = Expect(kind="tensor", integer=True, rtol=0.0, atol=0.0)
     return run_check("t2t_grids", fn, cases, _t2t_grids, known_wrong=_T2T_GRID_WRONGS, expect=expect)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check
+from vitlab.checks._core import Case, CheckResult, Expect, KnownWrong, generator, run_check, vary
 
 # (total_steps, warmup_steps, min_ratio): a short and a long run, one with no warmup.
 _SCHEDULES = ((100, 10, 0.0), (240, 24, 0.01), (30, 0, 0.1), (1000, 150, 0.05))
@@ -47,7 +47,8 @@ def warmup_cosine(fn: Callable[..., Any]) -> CheckResult:
     Shape: ints and a float -> one float.
     """
     cases = []
-    for total, warmup, min_ratio in _SCHEDULES:
+    schedules = vary(_SCHEDULES, lambda r: (r.randint(250, 999), r.randint(0, 60), r.random() / 10))
+    for total, warmup, min_ratio in schedules:
         steps = sorted({0, max(warmup - 1, 0), warmup, warmup + 1, (warmup + total) // 2, total - 1, total})
         kwargs = {"total_steps": total, "warmup_steps": warmup, "min_ratio": min_ratio}
         cases += [Case(f"step={s}, total_steps={total}, warmup_steps={warmup}, min_ratio={min_ratio}", (s,), kwargs)
