@@ -220,12 +220,19 @@ def same_pad(x: Tensor, kernel: int, stride: int) -> Tensor:
 
 
 def padded_squeeze(x: Tensor, grid_size: tuple[int, int], weight: Tensor, stride: int, *, how: str) -> Tensor:
-    """squeezed_ok with the padding done another way: "reflect", "replicate" or "same"."""
+    """squeezed_ok with the padding done another way: "reflect", "replicate", "same", "before" (top and left
+    only), "after" (bottom and right only) or "twice" (by F.pad, then by padding=)."""
     B, _, C = x.shape
     fmap = x.transpose(1, 2).reshape(B, C, *grid_size)
-    k = weight.shape[-1]
-    fmap = same_pad(fmap, k, stride) if how == "same" else F.pad(fmap, (k // 2,) * 4, mode=how)
-    return F.conv2d(fmap, weight, stride=stride, groups=C).flatten(2).transpose(1, 2)
+    p = weight.shape[-1] // 2
+    sides = {"before": (p, 0, p, 0), "after": (0, p, 0, p), "twice": (p,) * 4}
+    if how in sides:
+        fmap = F.pad(fmap, sides[how])
+    else:
+        fmap = same_pad(fmap, 2 * p + 1, stride) if how == "same" else F.pad(fmap, (p,) * 4, mode=how)
+    return (
+        F.conv2d(fmap, weight, stride=stride, padding=p if how == "twice" else 0, groups=C).flatten(2).transpose(1, 2)
+    )
 
 
 def d(q: Tensor) -> int:
@@ -336,6 +343,11 @@ WRONG = [
     W("squeezed_kv_projection", lambda *a: padded_squeeze(*a, how="replicate"), "repeating its border", None,
       id="replicate"),
     W("squeezed_kv_projection", lambda *a: padded_squeeze(*a, how="same"), "lopsided", None, id="same"),
+    *(W("squeezed_kv_projection", lambda *a, how=how: padded_squeeze(*a, how=how), words, None, id=how)
+      for how, words in (("before", "top and left only"), ("after", "bottom and right only"), ("twice", "twice"))),
+    W("squeezed_kv_projection", lambda *a: squeezed_ok(*a, padding=1), "hard-coded", None, id="padding_1"),
+    W("squeezed_kv_projection", lambda x, g, w, s: squeezed_ok(x, g[::-1], w, s), "unpacked as (W, H)", None,
+      id="grid_w_h"),
     W("levit_bias_indices", xy_levit_idx, "indexing='xy'", 13, id="meshgrid_xy"),
     W("levit_bias_indices", signed_levit_idx, "signed offsets", None, id="signed"),
     W("levit_attention_logits", lambda q, k, b, s: (q @ k.transpose(-2, -1) + b) * s, "added before scaling", 14,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -36,6 +37,10 @@ WRONG = [
     W(lambda q, k, v: rearrange(torch.stack([q, k, v]), "qkv C h d -> C (qkv h d)").reshape(-1, q.shape[0]),
       "instead of transposed", None, id="reshape_not_transpose"),
     W(lambda q, k, v: from_jax_ok(k, q, v), "order k, q, v", None, id="k_q_v"),
+    W(lambda q, k, v: torch.stack([q, k, v]).reshape(3 * q.shape[0], q.shape[0]), "reshaped where it must be "
+      "transposed", None, id="stacked_reshape"),
+    W(lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (q, k, v)]), "reshaped where it must be "
+      "transposed", None, id="cat_no_transpose"),
 ]  # fmt: skip
 
 
@@ -91,15 +96,26 @@ def cross_ok(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor) -> Tensor:
 
 def cross_with(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor, *, scale: float, keep: int = 0,
                mask: bool = True, dim: int = -1, fill: float = float("-inf"),
-               zero_after: bool = False) -> Tensor:  # fmt: skip
+               zero_after: bool = False, after: float = 1.0, added: bool = False,
+               renormalise: bool = False) -> Tensor:  # fmt: skip
     logits = torch.einsum("bhmd,bhnd->bhmn", q, k) * scale
     padding = (torch.arange(k.shape[2])[None, :] >= key_lengths[:, None] + keep)[:, None, None, :]
-    if mask and not zero_after:
+    if added:  # the 0/1 mask of the real keys added to the logits
+        logits = logits + (~padding).float()
+    elif mask and not zero_after:
         logits = logits.masked_fill(padding, fill)
-    weights = logits.softmax(dim)
+    weights = logits.softmax(dim) * after
     if zero_after:
         weights = weights * ~padding
+    if renormalise:
+        weights = weights / weights.sum(-1, keepdim=True)
     return weights @ v
+
+
+def sdpa_padding_mask(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor) -> Tensor:
+    """True = padding, as nn.MultiheadAttention's key_padding_mask, given to SDPA (True = attend)."""
+    padding = torch.arange(k.shape[2])[None, :] >= key_lengths[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=padding[:, None, None, :])
 
 
 CROSS_WRONG = [
@@ -114,6 +130,19 @@ CROSS_WRONG = [
       id="fill_zero"),
     W(lambda q, k, v, n: cross_with(q, k, v, n, scale=q.shape[-1] ** -0.5, zero_after=True), "after the softmax",
       None, id="zeroed_after"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=1.0), "not scaled", 3, id="unscaled"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=1.0, after=q.shape[-1] ** -0.5), "scaled after the softmax",
+      3, id="scaled_after_softmax"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=(q.shape[1] * q.shape[-1]) ** -0.5), "whole embedding size",
+      3, id="total_width"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=1 / q.shape[-1]), "divided by d", 3, id="by_d"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=q.shape[-1] ** -0.5, added=True), "0/1 mask is added", None,
+      id="float_mask_added"),
+    W(sdpa_padding_mask, "True = ignore", None, id="sdpa_true_ignores"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=q.shape[-1] ** -0.5, keep=-1), "one real key too few", None,
+      id="one_too_few"),
+    W(lambda q, k, v, n: cross_with(q, k, v, n, scale=q.shape[-1] ** -0.5, mask=False, zero_after=True,
+      renormalise=True), "the rest renormalised", None, id="renormalised"),
 ]  # fmt: skip
 
 
@@ -129,8 +158,19 @@ def test_cross_reference_ignores_the_padding() -> None:
     torch.testing.assert_close(out, cross_ok(q, k, v, lengths))
 
 
-def test_cross_correct_solution_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert_passes(capsys, CROSS, cross_ok)
+@pytest.mark.parametrize(
+    "fn",
+    [
+        cross_ok,
+        lambda q, k, v, n: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=(torch.arange(k.shape[2]) < n[:, None])[:, None, None]
+        ),
+        lambda q, k, v, n: cross_with(q, k, v, n, scale=q.shape[-1] ** -0.5, fill=-1e4),
+    ],
+    ids=["per_sequence", "sdpa", "fill_-1e4"],
+)
+def test_cross_correct_solution_passes(capsys: pytest.CaptureFixture[str], fn: Callable[..., Tensor]) -> None:
+    assert_passes(capsys, CROSS, fn)
 
 
 @pytest.mark.parametrize(("fn", "words", "pitfall"), CROSS_WRONG)

@@ -24,6 +24,8 @@ def avg_attention_ok(x: Tensor, grid_size: tuple[int, int], attn: nn.Module, *, 
     cls, tokens = (x[:, :1], x[:, 1:]) if attn.with_cls_token else (None, x)
     fmap = tokens.transpose(1, 2).reshape(B, C, H, W)
     pool = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=change != "floor", count_include_pad=change != "exclude_pad")
+    if change == "pool_2":
+        pool = nn.AvgPool2d(2, stride=2, ceil_mode=True)
     kv = pool(fmap).flatten(2).transpose(1, 2)
     q, k, v = (kv if change == "q_pooled" else tokens), kv, kv
     if cls is not None and change != "cls_dropped":
@@ -31,17 +33,23 @@ def avg_attention_ok(x: Tensor, grid_size: tuple[int, int], attn: nn.Module, *, 
         if change != "cls_query_only":
             k, v = torch.cat([cls, k], dim=1), torch.cat([cls, v], dim=1)
 
-    def heads(t: Tensor) -> Tensor:
+    def heads(t: Tensor) -> Tensor:  # (h d), or (d h) as a slip
+        if change == "split_d_h":
+            return t.reshape(B, t.shape[1], C // h, h).permute(0, 3, 1, 2)
         return t.reshape(B, t.shape[1], h, C // h).transpose(1, 2)
 
     q, k, v = heads(attn.proj_q(q)), heads(attn.proj_k(k)), heads(attn.proj_v(v))
-    scale = (C // h) ** -0.5 if change == "head_dim_scale" else attn.scale
+    scale = {"head_dim_scale": (C // h) ** -0.5, "unscaled": 1, "scaled_after": 1}.get(change or "", attn.scale)
     logits = q @ k.transpose(-2, -1) * scale
     if change == "naive_softmax":
         out = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True) @ v
     else:
-        out = torch.softmax(logits, dim=-1) @ v
-    return attn.proj(out.transpose(1, 2).reshape(B, -1, C))
+        out = torch.softmax(logits, dim=-1) * (attn.scale if change == "scaled_after" else 1) @ v
+    if change == "merged_by_reshape":
+        out = out.reshape(B, -1, C)
+    else:
+        out = (out.permute(0, 2, 3, 1) if change == "split_d_h" else out.transpose(1, 2)).reshape(B, -1, C)
+    return out if change == "no_proj" else attn.proj(out)
 
 
 def run_avg(capsys: pytest.CaptureFixture[str], fn: Callable[..., Any]) -> tuple[CheckResult, str]:
@@ -65,6 +73,12 @@ def test_avg_right_answer_passes(capsys: pytest.CaptureFixture[str]) -> None:
         ("cls_query_only", "re-attached to the queries only", None),
         ("head_dim_scale", "scaled by head_dim**-0.5", 19),
         ("naive_softmax", "exp(x) / sum(exp(x)), which overflows", None),
+        ("pool_2", "pooled over 2 x 2 windows", None),
+        ("unscaled", "the logits are not scaled", None),
+        ("scaled_after", "scaled after the softmax", None),
+        ("merged_by_reshape", "merged by a reshape", None),
+        ("split_d_h", "split into heads (d h)", None),
+        ("no_proj", "output projection is missing", None),
     ],
 )
 def test_avg_wrong_answers_are_named(

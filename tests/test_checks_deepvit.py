@@ -42,9 +42,13 @@ def ln_right_manual(attn: Tensor, theta: Tensor, weight: Tensor, bias: Tensor) -
     return (mixed - mean) / torch.sqrt(var + 1e-5) * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
 
 
-def standardise(x: Tensor, dims: tuple[int, ...], w: Tensor, b: Tensor, unbiased: bool = False) -> Tensor:
+def standardise(
+    x: Tensor, dims: tuple[int, ...], w: Tensor, b: Tensor, unbiased: bool = False, eps: float = 1e-5,
+    eps_in_root: bool = True,
+) -> Tensor:  # fmt: skip
     mean, var = x.mean(dims, keepdim=True), x.var(dims, unbiased=unbiased, keepdim=True)
-    return (x - mean) / torch.sqrt(var + 1e-5) * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)
+    std = torch.sqrt(var + eps) if eps_in_root else x.std(dims, unbiased=unbiased, keepdim=True) + eps
+    return (x - mean) / std * w.view(1, -1, 1, 1) + b.view(1, -1, 1, 1)
 
 
 LN_WRONG = {
@@ -57,7 +61,24 @@ LN_WRONG = {
         lambda a, t, w, b: ln_right_manual(a, t, torch.ones_like(w), torch.zeros_like(b)),
         "not applied",
     ),
-}
+    "eps outside the root": (
+        lambda a, t, w, b: standardise(mixed(a, t), (1,), w, b, eps_in_root=False),
+        "added to the standard deviation",
+    ),
+    "no eps": (lambda a, t, w, b: standardise(mixed(a, t), (1,), w, b, eps=0.0), "eps is missing"),
+    "timm's eps": (
+        lambda a, t, w, b: nn.functional.layer_norm(mixed(a, t).permute(0, 2, 3, 1), (t.shape[1],), w, b, eps=1e-6)
+        .permute(0, 3, 1, 2),
+        "eps is 1e-6",
+    ),
+    "instance norm": (lambda a, t, w, b: standardise(mixed(a, t), (2, 3), w, b), "InstanceNorm"),
+    "weight and bias swapped": (lambda a, t, w, b: ln_right_manual(a, t, b, w), "swapped"),
+    "norm before mixing": (
+        lambda a, t, w, b: mixed(nn.functional.layer_norm(a.permute(0, 2, 3, 1), (t.shape[0],), w, b)
+                                 .permute(0, 3, 1, 2), t),
+        "runs before the mixing",
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("fn", [ln_right_module, ln_right_manual], ids=["module", "manual"])
@@ -98,12 +119,15 @@ def heads_right_manual(
     The keywords make known mistakes."""
     B, h_in, N, d_k = q.shape
     h_out, d_v = v.shape[1], v.shape[-1]
-    logits = torch.einsum("bhid,bhjd->bhij", q, k) / (d_k if scale == "key" else d_v) ** 0.5
+    width = {"key": d_k, "value": d_v, "total": h_in * d_k}.get(scale, 1)  # "none", "after": not before
+    logits = torch.einsum("bhid,bhjd->bhij", q, k) / width**0.5
     if softmax == "naive":
         attn = torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True)
     else:
         attn = torch.exp(logits - logits.amax(-1, keepdim=True))
         attn = attn / attn.sum(-1, keepdim=True)
+    if scale == "after":
+        attn = attn / d_k**0.5
     src = logits if mix == "before softmax" else attn
     mixed = (src.permute(0, 2, 3, 1) @ theta).permute(0, 3, 1, 2)  # (B, H_out, N, N)
     if mix == "before softmax":
@@ -118,6 +142,8 @@ def heads_right_manual(
     out = normed @ v  # (B, H_out, N, d_v)
     if merge == "d h":
         return out.permute(0, 2, 3, 1).reshape(B, N, d_v * h_out)
+    if merge == "reshape":
+        return out.reshape(B, N, h_out * d_v)
     return out.permute(0, 2, 1, 3).reshape(B, N, h_out * d_v)
 
 
@@ -157,6 +183,10 @@ HEADS_WRONG = {
     "scale by value width": (lambda *a: heads_right_manual(*a, scale="value"), "scaled by the value head width"),
     "merged d h": (lambda *a: heads_right_manual(*a, merge="d h"), "merged (d h)"),
     "naive softmax": (lambda *a: heads_right_manual(*a, softmax="naive"), "exp(x) / sum(exp(x)), which overflows"),
+    "unscaled": (lambda *a: heads_right_manual(*a, scale="none"), "not scaled"),
+    "scaled after softmax": (lambda *a: heads_right_manual(*a, scale="after"), "scaled after the softmax"),
+    "scale by total width": (lambda *a: heads_right_manual(*a, scale="total"), "whole embedding size"),
+    "merged by reshape": (lambda *a: heads_right_manual(*a, merge="reshape"), "merged by a reshape"),
 }
 
 

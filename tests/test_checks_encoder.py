@@ -136,6 +136,24 @@ WRONG = [
       id="post_norm_swapped"),
     W("post_norm_block", lambda x, b: b.norm2((y := b.norm1(x + b.attn(b.norm1(x)))) + b.mlp(b.norm2(y))),
       "also reads a normalised copy", None, id="post_norm_sandwich"),
+    W("post_norm_block", lambda x, b: b.norm2((y := b.norm1(b.attn(x))) + b.mlp(y)), "attention sub-layer has no "
+      "residual", None, id="post_norm_no_attn_residual"),
+    W("post_norm_block", lambda x, b: b.norm2(b.mlp(b.norm1(x + b.attn(x)))), "MLP sub-layer has no residual", None,
+      id="post_norm_no_mlp_residual"),
+    W("post_norm_block", lambda x, b: b.norm1((y := b.norm1(x + b.attn(x))) + b.mlp(y)), "norm1 is used after the "
+      "MLP too", None, id="post_norm_norm1_twice"),
+    W("post_norm_block", lambda x, b: b.norm2((y := x + b.attn(x)) + b.mlp(y)), "(norm1) is missing", None,
+      id="post_norm_no_norm1"),
+    W("post_norm_block", lambda x, b: (y := b.norm1(x + b.attn(x))) + b.mlp(y), "(norm2) is missing", None,
+      id="post_norm_no_norm2"),
+    W("post_norm_block", lambda x, b: F.layer_norm((y := F.layer_norm(x + b.attn(x), x.shape[-1:])) + b.mlp(y),
+      x.shape[-1:]), "no weight and bias", None, id="post_norm_no_affine"),
+    W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - 3 * L * D, "qkv biases", None,
+      id="no_qkv_bias"),
+    W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - (2 * L + 1) * D, "a gain and a bias",
+      None, id="layernorm_gain_only"),
+    W("vit_param_count", lambda D, L, P, K, img: count_ok(D, L, P, K, img) - L * (6 * D * D + 3 * D), "hidden layer "
+      "is counted D wide", None, id="mlp_ratio_1"),
 ]  # fmt: skip
 
 

@@ -41,12 +41,14 @@ def with_one_change(change: str) -> Callable[[int, int], Tensor]:
             "floor": torch.arange(r // s) * s,
             "unstrided": torch.arange(n_q),
             "centred": (torch.arange(0, r, s) + s // 2).clamp(max=r - 1),
+            "plus_one": torch.arange((r + 1) // s) * s,
         }.get(change, torch.arange(0, r, s))
         axis = torch.arange(r)
         indexing = "xy" if change == "xy" else "ij"
         keys = torch.stack(torch.meshgrid(axis, axis, indexing=indexing)).flatten(1)
         queries = torch.stack(torch.meshgrid(q_axis, q_axis, indexing=indexing)).flatten(1)
-        offsets = (queries[:, :, None] - keys[:, None, :]).abs()
+        offsets = queries[:, :, None] - keys[:, None, :]
+        offsets = offsets if change == "signed" else offsets.abs()
         index = offsets[0] * (n_q if change == "query_side" else r) + offsets[1]
         return index.T if change == "transposed" else index
 
@@ -74,6 +76,8 @@ def test_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Callable[...
         ("query_side", "numbered with the query map's side", None),
         ("xy", "x and y offsets are swapped", 13),
         ("transposed", "the index is (keys, queries)", None),
+        ("plus_one", "(r + 1) // stride queries per side", None),
+        ("signed", "the offsets are signed", None),
     ],
 )
 def test_wrong_answers_are_named(

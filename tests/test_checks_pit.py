@@ -60,6 +60,8 @@ def with_one_change(change: str) -> Callable[..., Tensor]:
     ) -> Tensor:
         B, _, C = tokens.shape
         H, W = grid_size
+        if change == "grid_w_h":
+            W, H = grid_size
         cls, spatial = tokens[:, :1], tokens[:, 1:]
         if change == "naive_map":
             fmap = spatial.reshape(B, C, H, W)
@@ -73,15 +75,21 @@ def with_one_change(change: str) -> Callable[..., Tensor]:
             pooled = F.conv2d(F.pad(fmap, (1, 1, 1, 1), mode=change), cw, cb, stride=2, groups=C)
         elif change == "same":  # TensorFlow's SAME, k 3, stride 2: an even side gets no padding before it
             pooled = F.conv2d(F.pad(fmap, (W % 2, 1, H % 2, 1)), cw, cb, stride=2, groups=C)
+        elif change in ("before", "after", "twice"):  # F.pad's (left, right, top, bottom)
+            sides = {"before": (1, 0, 1, 0), "after": (0, 1, 0, 1), "twice": (1, 1, 1, 1)}[change]
+            pooled = F.conv2d(F.pad(fmap, sides), cw, cb, stride=2, padding=int(change == "twice"), groups=C)
         else:
-            pooled = F.conv2d(fmap, cw, cb, stride=2, padding=0 if change == "no_padding" else 1, groups=C)
+            bias = None if change == "conv_bias" else cb
+            pooled = F.conv2d(fmap, cw, bias, stride=2, padding=0 if change == "no_padding" else 1, groups=C)
         if change == "naive_tokens":
             out = pooled.reshape(B, -1, 2 * C)
-        elif change == "swapped_hw":
+        elif change in ("swapped_hw", "columns"):
             out = pooled.transpose(2, 3).flatten(2).transpose(1, 2)
         else:
             out = pooled.flatten(2).transpose(1, 2)
-        cls_out = F.linear(cls, fw, fb)
+        cls_out = F.linear(cls, fw, None if change == "fc_bias" else fb)
+        if change == "fc_reshaped":  # (out, in) read as (in, out)
+            cls_out = cls @ fw.reshape(C, 2 * C) + fb
         if change == "cls_conv":
             cls_out = F.conv2d(cls.reshape(B, C, 1, 1), cw, cb, padding=1, stride=2, groups=C).reshape(B, 1, 2 * C)
         if change == "no_cls":
@@ -119,6 +127,14 @@ def test_right_answers_pass(capsys: pytest.CaptureFixture[str], fn: Callable[...
         ("reflect", "padded by reflection"),
         ("replicate", "repeating its border"),
         ("same", "lopsided, TensorFlow's 'SAME'"),
+        ("before", "padded on the top and left only"),
+        ("after", "padded on the bottom and right only"),
+        ("twice", "padded twice"),
+        ("grid_w_h", "grid_size was unpacked as (W, H)"),
+        ("columns", "numbered column by column"),
+        ("fc_reshaped", "reshaped where it must be transposed"),
+        ("conv_bias", "the convolution's bias is missing"),
+        ("fc_bias", "the Linear's bias is missing"),
     ],
 )
 def test_wrong_answers_are_named(capsys: pytest.CaptureFixture[str], change: str, words: str) -> None:

@@ -106,8 +106,17 @@ def test_soft_split_right_answers_pass_and_say_the_check_cannot_see_unfold(
         W(lambda x, k, s, p: split_ok(pad(x, p, "reflect"), k, s, 0), "padded by reflection", id="reflect"),
         W(lambda x, k, s, p: split_ok(pad(x, p, "replicate"), k, s, 0), "repeating its border", id="replicate"),
         W(lambda x, k, s, p: split_ok(tf_same(x, k, s), k, s, 0), "lopsided, TensorFlow's 'SAME'", id="same"),
+        W(lambda x, k, s, p: split_ok(F.pad(x, (p, 0, p, 0)), k, s, 0), "top and left only", id="before"),
+        W(lambda x, k, s, p: split_ok(F.pad(x, (0, p, 0, p)), k, s, 0), "bottom and right only", id="after"),
+        W(lambda x, k, s, p: split_ok(F.pad(x, (p,) * 4), k, s, p), "padded twice", id="twice"),
+        W(lambda x, k, s, p: split_ok(x, k, s, 1), "hard-coded", id="padding_1"),
+        W(lambda x, k, s, p: split_ok(x, k, s, 2), "hard-coded", id="padding_2"),
+        W(lambda x, k, s, p: F.unfold(x, k, stride=s, padding=p).reshape(x.shape[0], -1, x.shape[1] * k * k),
+          "reshaped to (B, L, C*k*k)", id="reshape_for_transpose"),
+        W(lambda x, k, s, p: rearrange(F.pad(x, (p,) * 4).unfold(2, k, s).unfold(3, k, s),
+                                       "B C h w k1 k2 -> B (w h) (C k1 k2)"), "column by column", id="columns"),
     ],
-)
+)  # fmt: skip
 def test_soft_split_mistakes_are_named(capsys: pytest.CaptureFixture[str], fn: Any, words: str) -> None:
     assert_named_mistake(capsys, "soft_split", fn, words)
     _, line = run(capsys, "soft_split", fn)
@@ -160,6 +169,8 @@ GRID_WRONG = {
         lambda h, w: grids_formula(h, w, lambda n, k, s, p: math.ceil((n + 2 * p - k) / s) + 1),
         "rounded up",
     ),
+    "ceil(n / s)": (lambda h, w: grids_formula(h, w, lambda n, k, s, p: math.ceil(n / s)), "'SAME' count"),
+    "round": (lambda h, w: grids_formula(h, w, lambda n, k, s, p: round((n + 2 * p - k) / s) + 1), "nearest"),
     "unchained": (
         lambda h, w: torch.tensor(
             [((h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1) for k, s, p in ((7, 4, 2), (3, 2, 1), (3, 2, 1))]
@@ -169,7 +180,12 @@ GRID_WRONG = {
 }
 
 
-@pytest.mark.parametrize("fn", [grids_by_unfold, grids_formula], ids=["unfold", "formula"])
+def grids_plus_one(height: int, width: int) -> torch.Tensor:
+    """(n + 1) // s: right for T2T's three splits, where 2p - k = -(s - 1) (a student's shortcut)."""
+    return grids_formula(height, width, lambda n, k, s, p: (n + 1) // s)
+
+
+@pytest.mark.parametrize("fn", [grids_by_unfold, grids_formula, grids_plus_one], ids=["unfold", "formula", "plus_one"])
 def test_t2t_grids_right_answers_pass(fn, capsys) -> None:
     result = vitlab.checks.t2t_grids(fn)
     assert result.passed, capsys.readouterr().out

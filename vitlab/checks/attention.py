@@ -6,10 +6,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import NAIVE_SOFTMAX, Case, CheckResult, KnownWrong, naive_softmax_of, randn, run_check, shape
+from vitlab.checks._slips import OVER_QUERIES, RESHAPED_WEIGHT, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -17,69 +19,63 @@ def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> T
     return _attention(q, k, v, mask)
 
 
+def _width(q: Tensor, v: Tensor, width: str | float) -> float:
+    """The scale a knob names: ``"d"`` (the head width's d**-0.5, right), ``"total"`` ((h*d)**-0.5), ``"v"``
+    (the value width's), ``"1/d"``, or a number."""
+    d = q.shape[-1]
+    named = {"d": d**-0.5, "total": (q.shape[1] * d) ** -0.5, "v": v.shape[-1] ** -0.5, "1/d": 1 / d}
+    return named[width] if isinstance(width, str) else width
+
+
 def _attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale: float | None = None,
-    after: float = 1.0, use_mask: bool = True, invert_mask: bool = False, softmax_dim: int = -1,
-    fill: float = float("-inf"), mask_after: bool = False, naive_softmax: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale: str | float = "d",
+    after: str | float = 1.0, mask_as: str = "fill", softmax_dim: int = -1, fill: float = float("-inf"),
+    naive_softmax: bool = False,
 ) -> Tensor:  # fmt: skip
-    """Attention with the knobs the known wrong answers turn; the defaults give the right one."""
-    logits = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if mask is not None and use_mask and not mask_after:
-        logits = logits.masked_fill(mask if invert_mask else ~mask, fill)
+    """Attention with the knobs the known wrong answers turn (``scale``, ``after``: see :func:`_width`;
+    ``mask_as``: ``"fill"``, ``"none"``, ``"inverted"``, ``"after"`` the softmax, ``"renormalised"``
+    after it, ``"added"`` as 0/1, or ``"sdpa_inverted"``); the defaults give the right one."""
+    if mask is not None and mask_as == "sdpa_inverted":  # True = ignore, given to SDPA (True = attend)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=~mask, scale=_width(q, v, scale))
+    logits = (q @ k.transpose(-2, -1)) * _width(q, v, scale)
+    if mask is not None and mask_as in ("fill", "inverted"):
+        logits = logits.masked_fill(mask if mask_as == "inverted" else ~mask, fill)
+    if mask is not None and mask_as == "added":
+        logits = logits + mask.float()
     weights = naive_softmax_of(logits, softmax_dim) if naive_softmax else logits.softmax(dim=softmax_dim)
-    if mask is not None and mask_after:
+    if mask is not None and mask_as in ("after", "renormalised"):
         weights = weights.masked_fill(~mask, 0.0)
-    return (weights * after) @ v
+    if mask is not None and mask_as == "renormalised":
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights * _width(q, v, after)) @ v
 
 
-def _wrong(message: str, pitfall: int | None = None, **knobs: Any) -> KnownWrong:
-    """A wrong attention; a knob may be a function of (d, h*d), the head dim and the embedding size."""
-
-    def fn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-        d, D = q.shape[-1], q.shape[1] * q.shape[-1]
-        values: dict[str, Any] = {key: value(d, D) if callable(value) else value for key, value in knobs.items()}
-        return _attention(q, k, v, mask, **values)
-
-    return KnownWrong(fn, message, pitfall)
-
-
-_ATTENTION_WRONGS = (
-    _wrong(
-        "the weights are divided by sqrt(embedding size) after the softmax, "
-        "softmax(energy) / emb_size**0.5; scale the logits q k^T by d**-0.5 before the softmax",
-        3, scale=1.0, after=lambda d, D: D**-0.5,
-    ),
-    _wrong(
-        "the weights are scaled by d**-0.5 after the softmax (rows no longer sum to 1); "
-        "scale the logits q k^T before the softmax",
-        3, scale=1.0, after=lambda d, D: d**-0.5,
-    ),
-    _wrong(
-        "the logits are scaled by the whole embedding size, (h*d)**-0.5; scale by the head dim, d**-0.5",
-        3, scale=lambda d, D: D**-0.5,
-    ),
-    _wrong("the logits are divided by d; divide by sqrt(d)", 3, scale=lambda d, D: 1 / d),
-    _wrong("the logits are not scaled; multiply q k^T by d**-0.5 before the softmax", 3, scale=1.0),
-    _wrong(
-        "the mask has no effect: masked_fill returns a new tensor, so assign it, "
-        "logits = logits.masked_fill(~mask, float('-inf')), before the softmax (Tensor.mask_fill does not exist)",
-        4, use_mask=False,
-    ),
-    _wrong("the mask is inverted: True means attend, so fill where ~mask is True", invert_mask=True),
-    _wrong(
-        "the masked logits are set to 0, which still gives those keys the weight exp(0) = 1 before normalising; "
-        "fill them with float('-inf'), whose weight is exactly 0", fill=0.0,
-    ),
-    _wrong(
-        "the mask zeroes the weights after the softmax, so a masked row no longer sums to 1; fill the logits "
-        "with float('-inf') before the softmax, which renormalises over the keys that are left", mask_after=True,
-    ),
-    _wrong(
-        "the softmax runs over the queries (dim=-2); each query's weights over the keys (dim=-1) must sum to 1",
-        softmax_dim=-2,
-    ),
-    _wrong(NAIVE_SOFTMAX, naive_softmax=True),
+# The slips of both attention checks: the scale, the softmax, the masked logits.
+_SLIPS = (
+    ("the weights are divided by sqrt(embedding size) after the softmax, softmax(energy) / emb_size**0.5; scale "
+     "the logits q k^T by d**-0.5 before the softmax", 3, {"scale": 1.0, "after": "total"}),
+    (SCALED_AFTER, 3, {"scale": 1.0, "after": "d"}),
+    (TOTAL_WIDTH, 3, {"scale": "total"}),
+    ("the logits are divided by d; divide by sqrt(d)", 3, {"scale": "1/d"}),
+    (UNSCALED, 3, {"scale": 1.0}),
+    (OVER_QUERIES, None, {"softmax_dim": -2}),
+    (NAIVE_SOFTMAX, None, {"naive_softmax": True}),
+    ("the masked logits are set to 0, which still gives those keys the weight exp(0) = 1 before normalising; "
+     "fill them with float('-inf'), whose weight is exactly 0", None, {"fill": 0.0}),
+    ("the mask zeroes the weights after the softmax, so a row no longer sums to 1; fill the logits with "
+     "float('-inf') before the softmax, which renormalises over the keys that are left", None, {"mask_as": "after"}),
+    ("the masked weights are zeroed after the softmax and the rest renormalised: with large logits the masked "
+     "keys take all the weight, the others underflow to 0 and 0 / 0 is NaN; fill the logits with float('-inf') "
+     "before the softmax", None, {"mask_as": "renormalised"}),
+    ("the 0/1 mask is added to the logits, which only nudges them by 1; fill the masked logits with float('-inf') "
+     "(masked_fill), or add a float mask of 0 and -inf", None, {"mask_as": "added"}),
 )  # fmt: skip
+_ATTENTION_WRONGS = turned(_attention, (
+    *_SLIPS,
+    ("the mask has no effect: masked_fill returns a new tensor, so assign it, logits = logits.masked_fill(~mask, "
+     "float('-inf')), before the softmax (Tensor.mask_fill does not exist)", 4, {"mask_as": "none"}),
+    ("the mask is inverted: True means attend, so fill where ~mask is True", None, {"mask_as": "inverted"}),
+))  # fmt: skip
 
 
 def scaled_dot_product_attention(fn: Callable[..., Any]) -> CheckResult:
@@ -166,6 +162,7 @@ _QKV_WRONGS = (
         lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (k, q, v)], dim=1).T,
         "the blocks are in the order k, q, v; vitlab and timm split the fused output as q, k, v",
     ),
+    KnownWrong(lambda q, k, v: torch.stack([q, k, v]).reshape(3 * q.shape[0], q.shape[0]), RESHAPED_WEIGHT),
 )
 
 
@@ -184,63 +181,32 @@ def qkv_weight_from_jax(fn: Callable[..., Any]) -> CheckResult:
     return run_check("qkv_weight_from_jax", fn, cases, _qkv_weight, known_wrong=_QKV_WRONGS)
 
 
-def _padded_cross(
-    q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor, *, scale_width: str = "qk", extra_key: int = 0,
-    use_mask: bool = True, softmax_dim: int = -1, fill: float = float("-inf"), mask_after: bool = False,
-    naive_softmax: bool = False,
-) -> Tensor:  # fmt: skip
-    """Cross-attention with a key padding mask; the defaults give the right answer, the knobs the wrong ones."""
-    width = q.shape[-1] if scale_width == "qk" else v.shape[-1] if scale_width == "v" else int(scale_width)
-    logits = q @ k.transpose(-2, -1) * width**-0.5  # (B, h, M, N)
+def _padded_cross(q: Tensor, k: Tensor, v: Tensor, key_lengths: Tensor, *, extra_key: int = 0, **knobs: Any) -> Tensor:
+    """Cross-attention with a key padding mask; ``extra_key`` and the knobs of :func:`_attention` make wrong answers."""
     real = torch.arange(k.shape[-2]) < key_lengths[:, None] + extra_key  # (B, N): the real keys
-    mask = real[:, None, None, :]  # (B, 1, 1, N): over heads and queries
-    if use_mask and not mask_after:
-        logits = logits.masked_fill(~mask, fill)
-    weights = naive_softmax_of(logits) if naive_softmax else logits.softmax(dim=softmax_dim)
-    if mask_after:
-        weights = weights.masked_fill(~mask, 0.0)
-    return weights @ v  # (B, h, M, d_v)
+    return _attention(q, k, v, real[:, None, None, :], **knobs)  # the mask (B, 1, 1, N): over heads and queries
 
 
-def _cross_wrong(message: str, pitfall: int | None = None, **knobs: Any) -> KnownWrong:
-    return KnownWrong(lambda q, k, v, key_lengths: _padded_cross(q, k, v, key_lengths, **knobs), message, pitfall)
-
-
-_CROSS_WRONGS = (
-    _cross_wrong(
-        "the padding keys are not masked, so every query also attends to them; build the mask from key_lengths, "
-        "torch.arange(N) < key_lengths[:, None], and assign logits = logits.masked_fill(~mask, float('-inf')) "
-        "(masked_fill returns a new tensor)", 4, use_mask=False,
-    ),
-    _cross_wrong(
-        "one padding key too many is kept: key j of sequence b is real when j < key_lengths[b], "
-        "torch.arange(N) < key_lengths[:, None] (not <=)", extra_key=1,
-    ),
-    _cross_wrong(
-        "the logits are scaled by the value width, v.shape[-1]**-0.5; the scale belongs to the dot product "
-        "q k^T, so use the query/key width, q.shape[-1]**-0.5", 3, scale_width="v",
-    ),
-    _cross_wrong(
-        "the softmax runs over the queries (dim=-2); each query's weights over the keys (dim=-1) must sum to 1",
-        softmax_dim=-2,
-    ),
-    _cross_wrong(
-        "the padding logits are set to 0, which still gives those keys the weight exp(0) = 1 before normalising; "
-        "fill them with float('-inf')", fill=0.0,
-    ),
-    _cross_wrong(
-        "the weights of the padding keys are zeroed after the softmax, so a row no longer sums to 1; fill the "
-        "logits with float('-inf') before the softmax", mask_after=True,
-    ),
-    _cross_wrong(NAIVE_SOFTMAX, naive_softmax=True),
-    *(
-        _cross_wrong(
-            f"the scale is {w}**-0.5 in every case, a fixed width (a variable of the notebook, such as d?); "
-            "take it from the inputs: q.shape[-1]**-0.5", scale_width=str(w),
-        )
-        for w in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 384, 768)
-    ),
-)  # fmt: skip
+_CROSS_WRONGS = turned(_padded_cross, (
+    ("the padding keys are not masked, so every query also attends to them; build the mask from key_lengths, "
+     "torch.arange(N) < key_lengths[:, None], and assign logits = logits.masked_fill(~mask, float('-inf')) "
+     "(masked_fill returns a new tensor)", 4, {"mask_as": "none"}),
+    ("one padding key too many is kept: key j of sequence b is real when j < key_lengths[b], "
+     "torch.arange(N) < key_lengths[:, None] (not <=)", None, {"extra_key": 1}),
+    ("one real key too few is kept: key j of sequence b is real when j < key_lengths[b], "
+     "torch.arange(N) < key_lengths[:, None] (not key_lengths - 1)", None, {"extra_key": -1}),
+    ("the logits are scaled by the value width, v.shape[-1]**-0.5; the scale belongs to the dot product q k^T, "
+     "so use the query/key width, q.shape[-1]**-0.5", 3, {"scale": "v"}),
+    *_SLIPS,
+    ("the mask says True = ignore (nn.MultiheadAttention's key_padding_mask), but F.scaled_dot_product_attention "
+     "reads True = attend: pass it the real keys, torch.arange(N) < key_lengths[:, None]", None,
+     {"mask_as": "sdpa_inverted"}),
+    ("the mask is inverted: the padding keys are the ones kept; fill the logits where ~real is True", None,
+     {"mask_as": "inverted"}),
+    *((f"the scale is {w}**-0.5 in every case, a fixed width (a variable of the notebook, such as d?); take it "
+       "from the inputs: q.shape[-1]**-0.5", None, {"scale": w**-0.5})
+      for w in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 384, 768)),
+))  # fmt: skip
 
 
 def padded_cross_attention(fn: Callable[..., Any]) -> CheckResult:

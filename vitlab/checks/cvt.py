@@ -12,7 +12,7 @@ from torch import Tensor
 
 from vitlab.checks._core import (
     NAIVE_SOFTMAX,
-    PADDED_BY,
+    SCRAMBLING_RESHAPE,
     SWAPPED_GRID,
     Case,
     CheckResult,
@@ -20,9 +20,9 @@ from vitlab.checks._core import (
     generator,
     naive_softmax_of,
     run_check,
-    same_padding,
     shape,
 )
+from vitlab.checks._slips import GRID_W_H, HARD_CODED, MERGED_BY_RESHAPE, PADDING, SCALED_AFTER, SPLIT_D_H, pad
 
 if TYPE_CHECKING:
     from vitlab.models.cvt import ConvAttention
@@ -31,19 +31,17 @@ if TYPE_CHECKING:
 def _squeeze(
     x: Tensor, grid_size: tuple[int, int], weight: Tensor, stride: int, *, naive_map: bool = False,
     padding: int | None = None, naive_tokens: bool = False, swapped_hw: bool = False, pad_mode: str = "zeros",
+    grid_w_h: bool = False,
 ) -> Tensor:  # fmt: skip
     """Depthwise strided conv on the token map; the keywords turn on known wrong answers
-    (``pad_mode``: ``"reflect"``, ``"replicate"`` or ``"same"``, TensorFlow's lopsided padding)."""
+    (``pad_mode``: a key of ``PADDING``; ``grid_w_h``: grid_size read as (W, H))."""
     B, _, C = x.shape
-    H, W = grid_size
+    H, W = grid_size[::-1] if grid_w_h else grid_size
     grid = "B (W H) C -> B C H W" if swapped_hw else "B (H W) C -> B C H W"
     fmap = x.reshape(B, C, H, W) if naive_map else rearrange(x, grid, H=H, W=W)
     k = weight.shape[-1]
-    if pad_mode == "same":
-        fmap, padding = same_padding(fmap, k, stride), 0
-    elif pad_mode != "zeros":
-        fmap, padding = F.pad(fmap, [k // 2] * 4, mode=pad_mode), 0
-    out = F.conv2d(fmap, weight, stride=stride, padding=k // 2 if padding is None else padding, groups=C)
+    fmap, padding = pad(fmap, k, stride, k // 2 if padding is None else padding, pad_mode)
+    out = F.conv2d(fmap, weight, stride=stride, padding=padding, groups=C)
     if naive_tokens:
         return out.reshape(B, -1, C)
     return rearrange(out, "B C H W -> B (W H) C" if swapped_hw else "B C H W -> B (H W) C")
@@ -67,11 +65,7 @@ def squeezed_kv_projection(fn: Callable[..., Any]) -> CheckResult:
         label = f"x {shape(x)}, grid_size={(H, W)}, weight {shape(weight)}, stride={s}"
         cases.append(Case(label, (x, (H, W), weight, s)))
     wrongs = [
-        KnownWrong(
-            lambda *args: _squeeze(*args, naive_map=True),
-            "the tokens were reshaped straight to (B, C, H, W), which scrambles them; put them on the map with "
-            "rearrange(x, 'B (H W) C -> B C H W', H=H, W=W) (a transpose, then a reshape)",
-        ),
+        KnownWrong(lambda *args: _squeeze(*args, naive_map=True), SCRAMBLING_RESHAPE),
         KnownWrong(
             lambda *args: _squeeze(*args, naive_tokens=True),
             "the map was reshaped straight back to (B, N', C); flatten it with rearrange('B C H W -> B (H W) C')",
@@ -81,9 +75,11 @@ def squeezed_kv_projection(fn: Callable[..., Any]) -> CheckResult:
             "the convolution is not padded; CvT pads by k // 2, so the stride alone sets the size",
         ),
         KnownWrong(lambda *args: _squeeze(*args, swapped_hw=True), SWAPPED_GRID),
+        KnownWrong(lambda *args: _squeeze(*args, grid_w_h=True), GRID_W_H),
+        KnownWrong(lambda *args: _squeeze(*args, padding=1), f"{HARD_CODED}: k // 2, k = weight.shape[-1]"),
         *(
             KnownWrong(lambda *args, mode=mode: _squeeze(*args, pad_mode=mode), message)
-            for mode, message in PADDED_BY.items()
+            for mode, message in PADDING.items()
         ),
     ]
     return run_check("squeezed_kv_projection", fn, cases, _squeeze, known_wrong=wrongs)
@@ -115,7 +111,8 @@ def _avg_attention(x: Tensor, grid_size: tuple[int, int], attn: ConvAttention, *
     if attn.with_cls_token:
         cls, x = x[:, :1], x[:, 1:]
     fmap = rearrange(x, "B (H W) C -> B C H W", H=H, W=W)
-    pooled = F.avg_pool2d(fmap, 3, stride=2, padding=1, ceil_mode=wrong != "floor",
+    k = 2 if wrong == "pool_2" else 3  # the window
+    pooled = F.avg_pool2d(fmap, k, stride=2, padding=k // 2 if k == 3 else 0, ceil_mode=wrong != "floor",
                           count_include_pad=wrong != "exclude_pad")  # fmt: skip
     kv = rearrange(pooled, "B C H W -> B (H W) C")  # (B, N', C)
     q = kv if wrong == "q_pooled" else x  # the queries: no convolution, no pooling
@@ -124,14 +121,20 @@ def _avg_attention(x: Tensor, grid_size: tuple[int, int], attn: ConvAttention, *
         q = torch.cat([cls, q], dim=1)
         if wrong != "cls_query_only":
             k = v = torch.cat([cls, kv], dim=1)
+    split = "d h" if wrong == "split_d_h" else "h d"
     q, k, v = (
-        rearrange(p(t), "B N (h d) -> B h N d", h=attn.num_heads)
+        rearrange(p(t), f"B N ({split}) -> B h N d", h=attn.num_heads)
         for p, t in zip((attn.proj_q, attn.proj_k, attn.proj_v), (q, k, v))
     )
-    scale = attn.head_dim**-0.5 if wrong == "head_dim_scale" else attn.scale
+    scale = {"head_dim_scale": attn.head_dim**-0.5, "unscaled": 1.0, "scaled_after": 1.0}.get(wrong or "", attn.scale)
     logits = q @ k.transpose(-2, -1) * scale  # (B, h, N_q, N_k)
-    out = (naive_softmax_of(logits) if wrong == "naive_softmax" else logits.softmax(dim=-1)) @ v  # (B, h, N_q, d)
-    return attn.proj(rearrange(out, "B h N d -> B N (h d)"))
+    weights = naive_softmax_of(logits) if wrong == "naive_softmax" else logits.softmax(dim=-1)
+    out = weights * (attn.scale if wrong == "scaled_after" else 1.0) @ v  # (B, h, N_q, d)
+    if wrong == "merged_by_reshape":
+        out = out.reshape(out.shape[0], out.shape[2], -1)
+    else:
+        out = rearrange(out, f"B h N d -> B N ({split})")
+    return out if wrong == "no_proj" else attn.proj(out)
 
 
 def cvt_avg_attention(fn: Callable[..., Any]) -> CheckResult:
@@ -175,6 +178,13 @@ def cvt_avg_attention(fn: Callable[..., Any]) -> CheckResult:
         "head_dim_scale": "the logits are scaled by head_dim**-0.5; CvT scales by the embedding width, attn.scale "
         "= dim**-0.5",
         "naive_softmax": NAIVE_SOFTMAX,
+        "pool_2": "the keys and values are pooled over 2 x 2 windows; the official projection pools 3 x 3 windows "
+        "with stride 2 and padding 1: AvgPool2d(3, stride=2, padding=1, ceil_mode=True)",
+        "unscaled": "the logits are not scaled; multiply q k^T by attn.scale before the softmax",
+        "scaled_after": SCALED_AFTER,
+        "merged_by_reshape": MERGED_BY_RESHAPE,
+        "split_d_h": SPLIT_D_H,
+        "no_proj": "the output projection is missing: the merged heads go through attn.proj",
     }
     wrongs = [
         KnownWrong(

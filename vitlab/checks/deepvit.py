@@ -20,6 +20,7 @@ from vitlab.checks._core import (
     run_check,
     shape,
 )
+from vitlab.checks._slips import MERGED_BY_RESHAPE, OVER_QUERIES, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
 
 
 def _mix(attn: Tensor, theta: Tensor) -> Tensor:
@@ -38,12 +39,13 @@ def _re_attention_layernorm(attn: Tensor, theta: Tensor, weight: Tensor, bias: T
     return rearrange(F.layer_norm(mixed, (theta.shape[0],), weight, bias), "b i j h -> b h i j")
 
 
-def _standardise(x: Tensor, dims: tuple[int, ...], weight: Tensor, bias: Tensor, *, unbiased: bool = False) -> Tensor:
-    """``x`` standardised over ``dims`` (eps 1e-5, as LayerNorm and BatchNorm), then ``weight``/``bias`` per head."""
+def _standardise(x: Tensor, dims: tuple[int, ...], weight: Tensor, bias: Tensor, *, unbiased: bool = False,
+                 eps: float = 1e-5, eps_inside: bool = True) -> Tensor:  # fmt: skip
+    """``x`` standardised over ``dims`` (eps 1e-5 in the root, as LayerNorm and BatchNorm), then ``weight``/``bias``
+    per head."""
     var = x.var(dim=dims, unbiased=unbiased, keepdim=True)
-    return (x - x.mean(dim=dims, keepdim=True)) / torch.sqrt(var + 1e-5) * weight.view(1, -1, 1, 1) + bias.view(
-        1, -1, 1, 1
-    )
+    std = torch.sqrt(var + eps) if eps_inside else var.sqrt() + eps
+    return (x - x.mean(dim=dims, keepdim=True)) / std * weight.view(1, -1, 1, 1) + bias.view(1, -1, 1, 1)
 
 
 _LN_RIGHT = (
@@ -78,6 +80,26 @@ _RE_ATTENTION_LN_WRONGS = (
         lambda a, t, w, b: _re_attention_layernorm(a, t, torch.ones_like(w), torch.zeros_like(b)),
         "weight and bias are not applied: after normalising, multiply by weight and add bias, per head",
     ),
+    *(
+        KnownWrong(
+            lambda a, t, w, b, e=e, inside=inside: _standardise(_mix(a, t), (1,), w, b, eps=e, eps_inside=inside),
+            message,
+        )
+        for message, e, inside in (
+            ("eps is added to the standard deviation (std + eps); LayerNorm takes sqrt(var + 1e-5)", 1e-5, False),
+            ("eps is missing: LayerNorm divides by sqrt(var + 1e-5)", 0.0, True),
+            ("eps is 1e-6 (timm's ViT LayerNorms); nn.LayerNorm's default, asked for here, is 1e-5", 1e-6, True),
+        )
+    ),  # fmt: skip
+    KnownWrong(
+        lambda a, t, w, b: _standardise(_mix(a, t), (2, 3), w, b),
+        f"each head's map is normalised over its (query, key) positions (an InstanceNorm); {_LN_RIGHT}",
+    ),
+    KnownWrong(lambda a, t, w, b: _re_attention_layernorm(a, t, b, w), "weight and bias are swapped"),
+    KnownWrong(
+        lambda a, t, w, b: _mix(_standardise(a, (1,), w, b), t),
+        f"the LayerNorm runs before the mixing; it normalises the mixed maps: {_LN_RIGHT}",
+    ),
 )
 
 
@@ -103,14 +125,15 @@ def re_attention_layernorm(fn: Callable[..., Any]) -> CheckResult:
 
 def _re_attention_heads(q: Tensor, k: Tensor, v: Tensor, theta: Tensor, bn: nn.BatchNorm2d, *,
                         scale_by: str = "key", merge: str = "h d") -> Tensor:  # fmt: skip
-    """Softmax maps of ``H_in`` heads, mixed by Θ into ``H_out``, ``bn``, times the values, heads merged.
-
-    ``scale_by="value"`` and ``merge="d h"`` make two of the known wrong answers.
-    """
-    d = q.shape[-1] if scale_by == "key" else v.shape[-1]
+    """Softmax maps of ``H_in`` heads, mixed by Θ into ``H_out``, ``bn``, times the values, heads merged;
+    ``scale_by`` (``"value"``, ``"total"``, ``"none"``, ``"after"``), ``merge`` (``"d h"``, ``"reshape"``): slips."""
+    d = {"key": q.shape[-1], "value": v.shape[-1], "total": q.shape[1] * q.shape[-1]}.get(scale_by, 1)
     attn = (q @ k.transpose(-2, -1) * d**-0.5).softmax(dim=-1)  # (B, H_in, N, N)
-    reattn = bn(_mix(attn, theta))  # (B, H_out, N, N)
-    return rearrange(reattn @ v, f"b h n d -> b n ({merge})")
+    attn = attn * q.shape[-1] ** -0.5 if scale_by == "after" else attn
+    out = bn(_mix(attn, theta)) @ v  # (B, H_out, N, d_v)
+    if merge == "reshape":
+        return out.reshape(out.shape[0], out.shape[2], -1)
+    return rearrange(out, f"b h n d -> b n ({merge})")
 
 
 def _heads_wrong(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -153,10 +176,7 @@ _RE_ATTENTION_HEADS_WRONGS = (
         "the maps are normalised across the heads at each (query, key) pair (a LayerNorm over the head "
         "axis); BatchNorm2d(H_out) normalises each output head over the batch and all positions",
     ),
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-2), t))),
-        "the softmax runs over the queries (dim=-2); every query's row sums to 1: softmax(dim=-1)",
-    ),
+    KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-2), t))), OVER_QUERIES),
     KnownWrong(
         lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, scale_by="value"),
         "the logits are scaled by the value head width; q k^T is a dot product of key-width vectors: "
@@ -168,6 +188,15 @@ _RE_ATTENTION_HEADS_WRONGS = (
         "head by head, rearrange(out, 'b h n d -> b n (h d)')",
     ),
     KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(naive_softmax_of(s), t))), NAIVE_SOFTMAX),
+    *turned(
+        _re_attention_heads,
+        (
+            (UNSCALED, 3, {"scale_by": "none"}),
+            (SCALED_AFTER, 3, {"scale_by": "after"}),
+            (TOTAL_WIDTH, 3, {"scale_by": "total"}),
+            (MERGED_BY_RESHAPE, None, {"merge": "reshape"}),
+        ),
+    ),
 )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
@@ -21,6 +22,7 @@ from vitlab.checks._core import (
     shape,
     vary,
 )
+from vitlab.checks._slips import turned
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 
@@ -62,9 +64,17 @@ def _pre_norm(x: Tensor, block: Block) -> Tensor:
     return x + block.mlp(block.norm2(x))  # (B, N, C)
 
 
-def _post_norm(x: Tensor, b: Block) -> Tensor:
-    x = b.norm1(x + b.attn(x))
-    return b.norm2(x + b.mlp(x))
+def _post_norm(x: Tensor, b: Block, *, residual: tuple[int, int] = (1, 1), norms: str = "12") -> Tensor:
+    """The post-norm block; ``residual`` (0: none) and ``norms`` (after each sub-layer: ``"1"`` norm1,
+    ``"2"`` norm2, ``"-"`` none, ``"p"`` a LayerNorm without weight and bias) make known wrong answers."""
+
+    def norm(which: str, t: Tensor) -> Tensor:
+        if which == "-":
+            return t
+        return F.layer_norm(t, t.shape[-1:]) if which == "p" else getattr(b, f"norm{which}")(t)
+
+    x = norm(norms[0], residual[0] * x + b.attn(x))
+    return norm(norms[1], residual[1] * x + b.mlp(x))
 
 
 def _no_attention_residual(x: Tensor, b: Block) -> Tensor:
@@ -225,6 +235,18 @@ _COUNT_WRONGS = (
         "the patch embedding has P * P * D weights; each patch has 3 colour channels: 3 * P * P * D (+ D biases)",
     ),
     KnownWrong(
+        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -3 * L * D),
+        "the qkv biases are not counted: ViT's qkv Linear has a bias (qkv_bias=True), 3 * D per block",
+    ),
+    KnownWrong(
+        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -L * (6 * D * D + 3 * D)),
+        "the MLP's hidden layer is counted D wide; it is 4 * D (MLP ratio 4): fc1 4 * D * D + 4 * D, fc2 4 * D * D + D",
+    ),
+    KnownWrong(
+        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -(2 * L + 1) * D),
+        "each LayerNorm is counted as D parameters; it has a gain and a bias, 2 * D",
+    ),
+    KnownWrong(
         lambda *config: _count(*config, without=("pos_embed",), extra=lambda D, L, P, K, img: (1 + img // P) * D),
         "N = img_size / patch_size counts the patches along one side; an image has (img_size / patch_size)**2",
     ),
@@ -247,16 +269,24 @@ def vit_param_count(fn: Callable[..., Any]) -> CheckResult:
     return run_check("vit_param_count", fn, cases, _count, known_wrong=_COUNT_WRONGS, expect=WHOLE)
 
 
-def _post_norm_swapped_norms(x: Tensor, b: Block) -> Tensor:
-    x = b.norm2(x + b.attn(x))
-    return b.norm1(x + b.mlp(x))
-
-
 def _sandwich(x: Tensor, b: Block) -> Tensor:
     x = b.norm1(x + b.attn(b.norm1(x)))
     return b.norm2(x + b.mlp(b.norm2(x)))
 
 
+_POST_NORM_SLIPS = turned(_post_norm, (
+    ("no residual connections: LN(f(x)) replaces the tokens; add the sub-layer's input before the LayerNorm, "
+     "LN(x + f(x))", None, {"residual": (0, 0)}),
+    ("the attention sub-layer has no residual: x = norm1(x + attn(x))", None, {"residual": (0, 1)}),
+    ("the MLP sub-layer has no residual: norm2(x + mlp(x))", None, {"residual": (1, 0)}),
+    ("norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP", None, {"norms": "21"}),
+    ("norm1 is used after the MLP too; each sub-layer has its own LayerNorm: norm2(x + mlp(x))", None,
+     {"norms": "11"}),
+    ("the LayerNorm after the attention sub-layer (norm1) is missing", None, {"norms": "-2"}),
+    ("the LayerNorm after the MLP sub-layer (norm2) is missing", None, {"norms": "1-"}),
+    ("the LayerNorms have no weight and bias (F.layer_norm(x, shape) alone); call block.norm1 and block.norm2, "
+     "whose gain and bias are learned", None, {"norms": "pp"}),
+))  # fmt: skip
 _POST_NORM_WRONGS = (
     KnownWrong(
         _pre_norm,
@@ -268,18 +298,11 @@ _POST_NORM_WRONGS = (
         "the LayerNorm is applied to the sub-layer's output only, x + LN(f(x)); post-norm normalises "
         "the sum: LN(x + f(x))",
     ),
-    KnownWrong(
-        lambda x, b: b.norm2(b.mlp(b.norm1(b.attn(x)))),
-        "no residual connections: LN(f(x)) replaces the tokens; add the sub-layer's input before the "
-        "LayerNorm, LN(x + f(x))",
-    ),
+    *_POST_NORM_SLIPS,
     KnownWrong(
         lambda x, b: b.norm2(b.norm1(x + b.attn(x)) + b.mlp(x)),
         "the MLP reads the block's input; it reads the output of the attention sub-layer: "
         "x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
-    ),
-    KnownWrong(
-        _post_norm_swapped_norms, "norm1 and norm2 are swapped: norm1 follows the attention sub-layer, norm2 the MLP"
     ),
     KnownWrong(
         _sandwich,

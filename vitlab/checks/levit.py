@@ -92,10 +92,13 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
     return run_check("levit_attention_logits", fn, cases, _logits, known_wrong=wrongs)
 
 
-def _shrink_index(r: int, s: int, *, queries: str = "strided", row: str = "keys", order: str = "ij") -> Tensor:
+def _shrink_index(r: int, s: int, *, queries: str = "strided", row: str = "keys", order: str = "ij",
+                  signed: bool = False) -> Tensor:  # fmt: skip
     """The shrink-attention index and the ways it goes wrong (for the known wrong answers)."""
     n_q = -(-r // s)  # ceil(r / s) queries per side
-    if queries == "floor":  # r // s per side: drops the last row and column when r % s != 0
+    if queries == "plus_one":  # (r + 1) // s per side: ceil(r / s) for s = 2 only
+        q_axis = torch.arange((r + 1) // s) * s
+    elif queries == "floor":  # r // s per side: drops the last row and column when r % s != 0
         q_axis = torch.arange(r // s) * s
     elif queries == "unstrided":  # the first n_q rows and columns, not every s-th one
         q_axis = torch.arange(n_q)
@@ -106,7 +109,8 @@ def _shrink_index(r: int, s: int, *, queries: str = "strided", row: str = "keys"
     axis = torch.arange(r)
     keys = torch.stack(torch.meshgrid(axis, axis, indexing="ij")).flatten(1)  # (2, r*r)
     q = torch.stack(torch.meshgrid(q_axis, q_axis, indexing="ij")).flatten(1)  # (2, N_q)
-    offsets = (q[:, :, None] - keys[:, None, :]).abs()  # (2, N_q, r*r): |dy|, |dx|
+    offsets = q[:, :, None] - keys[:, None, :]  # (2, N_q, r*r): dy, dx
+    offsets = offsets if signed else offsets.abs()
     width = r if row == "keys" else n_q
     if order == "xy":
         return offsets[1] * width + offsets[0]
@@ -151,6 +155,16 @@ def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
         ),
         KnownWrong(
             lambda r, s: _shrink_index(r, s).T, "the index is (keys, queries); return one row per query: (N_q, r * r)"
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, queries="plus_one"),
+            "(r + 1) // stride queries per side is ceil(r / stride) for stride 2 only (stride 1 adds a row and a "
+            "column past the map): count -(-r // stride), or take torch.arange(0, r, stride)",
+        ),
+        KnownWrong(
+            lambda r, s: _shrink_index(r, s, signed=True),
+            "the offsets are signed (a key above or left of its query gives a negative index); the table is "
+            "indexed by the absolute offsets: |dy| * r + |dx|",
         ),
     ]
     return run_check("levit_shrink_bias_indices", fn, cases, _shrink_index, known_wrong=wrongs, expect=INDEX)

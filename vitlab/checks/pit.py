@@ -11,7 +11,6 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import (
-    PADDED_BY,
     SCRAMBLING_RESHAPE,
     SWAPPED_GRID,
     Case,
@@ -19,21 +18,18 @@ from vitlab.checks._core import (
     KnownWrong,
     generator,
     run_check,
-    same_padding,
     shape,
 )
+from vitlab.checks._slips import COLUMN_MAJOR, GRID_W_H, PADDING, RESHAPED_WEIGHT, pad
 
 
 def _pool(
-    x: Tensor, weight: Tensor, bias: Tensor, *, stride: int = 2, padding: int = 1, pad_mode: str = "zeros",
+    x: Tensor, weight: Tensor, bias: Tensor | None, *, stride: int = 2, padding: int = 1, pad_mode: str = "zeros",
     repeated: bool = False,
 ) -> Tensor:  # fmt: skip
-    """PiT's grouped convolution; the keywords make known wrong answers (``pad_mode``: ``"reflect"``,
-    ``"replicate"`` or ``"same"``; ``repeated``: the input channels tiled by ``repeat``, one group each)."""
-    if pad_mode == "same":
-        x, padding = same_padding(x, 3, stride), 0
-    elif pad_mode != "zeros":
-        x, padding = F.pad(x, [padding] * 4, mode=pad_mode), 0
+    """PiT's grouped convolution; the keywords make known wrong answers (``pad_mode``: a key of ``PADDING``;
+    ``repeated``: the input channels tiled by ``repeat``, one group each)."""
+    x, padding = pad(x, 3, stride, padding, pad_mode)
     if repeated:  # input channel j % C feeds output channel j
         return F.conv2d(x.repeat(1, 2, 1, 1), weight, bias, stride=stride, padding=padding, groups=weight.shape[0])
     return F.conv2d(x, weight, bias, stride=stride, padding=padding, groups=x.shape[1])
@@ -52,21 +48,23 @@ def _stage(
 ) -> Tensor:  # fmt: skip
     """PiT's ``Pooling`` between the reshapes of a stage; ``wrong`` picks a known mistake."""
     B, _, C = tokens.shape
-    H, W = grid_size
+    H, W = grid_size[::-1] if wrong == "grid_w_h" else grid_size
     cls, spatial = tokens[:, :1], tokens[:, 1:]  # (B, 1, C), (B, H*W, C)
     if wrong == "naive_map":
         fmap = spatial.reshape(B, C, H, W)
     else:
         fmap = rearrange(spatial, f"B ({'W H' if wrong == 'swapped_hw' else 'H W'}) C -> B C H W", H=H, W=W)
-    pad_mode = wrong if wrong in PADDED_BY else "zeros"
-    pooled = _pool(fmap, conv_weight, conv_bias, padding=0 if wrong == "no_padding" else 1, pad_mode=pad_mode,
+    pad_mode = wrong if wrong in PADDING else "zeros"
+    bias = None if wrong == "conv_bias" else conv_bias
+    pooled = _pool(fmap, conv_weight, bias, padding=0 if wrong == "no_padding" else 1, pad_mode=pad_mode,
                    repeated=wrong == "repeated")  # (B, 2C, H', W')  # fmt: skip
-    cls_out = F.linear(cls, fc_weight, fc_bias)  # (B, 1, 2C)
+    fc = fc_weight.reshape(C, -1).T if wrong == "fc_reshaped" else fc_weight  # cls @ fc_weight.reshape(C, 2C)
+    cls_out = F.linear(cls, fc, None if wrong == "fc_bias" else fc_bias)  # (B, 1, 2C)
     if wrong == "cls_conv":  # the cls token through the conv, as a 1 x 1 map
         cls_out = _pool(rearrange(cls, "B 1 C -> B C 1 1"), conv_weight, conv_bias).flatten(1)[:, None]
     if wrong == "naive_tokens":
         out = pooled.reshape(B, -1, 2 * C)
-    elif wrong == "swapped_hw":
+    elif wrong in ("swapped_hw", "columns"):
         out = rearrange(pooled, "B C H W -> B (W H) C")
     else:
         out = rearrange(pooled, "B C H W -> B (H W) C")
@@ -109,7 +107,12 @@ def pit_pooling_stage(fn: Callable[..., Any]) -> CheckResult:
         "cls_last": "the cls token was put back at the end; PiT keeps it first: cat([cls, tokens], dim=1)",
         "no_padding": "the convolution is not padded; PiT pads by 1, so an H x W grid becomes ceil(H/2) x ceil(W/2)",
         "repeated": _REPEATED,
-        **PADDED_BY,
+        **PADDING,
+        "grid_w_h": GRID_W_H,
+        "columns": COLUMN_MAJOR,
+        "fc_reshaped": RESHAPED_WEIGHT,
+        "conv_bias": "the convolution's bias is missing: F.conv2d(..., conv_bias, ...)",
+        "fc_bias": "the Linear's bias is missing: F.linear(cls, fc_weight, fc_bias)",
     }
     wrongs = [
         KnownWrong(lambda *args, kind=kind: _stage(*args, wrong=kind), message) for kind, message in kinds.items()

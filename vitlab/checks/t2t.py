@@ -11,7 +11,6 @@ from einops import rearrange
 from torch import Tensor
 
 from vitlab.checks._core import (
-    PADDED_BY,
     WHOLE,
     Case,
     CheckResult,
@@ -19,10 +18,10 @@ from vitlab.checks._core import (
     KnownWrong,
     randn,
     run_check,
-    same_padding,
     shape,
     vary,
 )
+from vitlab.checks._slips import COLUMN_MAJOR, HARD_CODED, PADDING, pad
 
 
 def _side(size: int, kernel: int, stride: int, padding: int) -> int:
@@ -89,16 +88,18 @@ def t2t_token_count(fn: Callable[..., Any]) -> CheckResult:
 _UNFOLD_NOTE = "(the check compares values only: it cannot tell whether you used F.unfold)"
 
 
-def _soft_split(x: Tensor, kernel: int, stride: int, padding: int, *, pad_mode: str = "zeros") -> Tensor:
-    """The soft split; ``pad_mode`` makes known wrong answers: ``"width"`` (F.pad's (p, p), the width
-    only), ``"reflect"``, ``"replicate"`` or ``"same"`` (TensorFlow's lopsided padding)."""
-    if pad_mode == "width":
-        x, padding = F.pad(x, (padding, padding)), 0
-    elif pad_mode == "same":
-        x, padding = same_padding(x, kernel, stride), 0
-    elif pad_mode != "zeros":
-        x, padding = F.pad(x, [padding] * 4, mode=pad_mode), 0
-    return F.unfold(x, kernel_size=kernel, stride=stride, padding=padding).transpose(1, 2)  # (B, L, C*k*k)
+def _soft_split(x: Tensor, kernel: int, stride: int, padding: int, *, pad_mode: str = "zeros",
+                tokens: str = "transpose") -> Tensor:  # fmt: skip
+    """The soft split; ``pad_mode`` (``"width"``: F.pad's (p, p), or a key of ``PADDING``) and ``tokens``
+    (``"reshape"``, ``"columns"``: numbered column by column) make known wrong answers."""
+    width = pad_mode == "width"
+    x, padding = (F.pad(x, (padding, padding)), 0) if width else pad(x, kernel, stride, padding, pad_mode)
+    out = F.unfold(x, kernel_size=kernel, stride=stride, padding=padding)  # (B, C*k*k, L), L = (h w)
+    if tokens == "reshape":
+        return out.reshape(out.shape[0], out.shape[2], out.shape[1])
+    if tokens == "columns":
+        return rearrange(out, "B K (h w) -> B (w h) K", h=_side(x.shape[-2], kernel, stride, padding))
+    return out.transpose(1, 2)  # (B, L, C*k*k)
 
 
 def soft_split(fn: Callable[..., Any]) -> CheckResult:
@@ -131,8 +132,17 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
         ),
         *(
             KnownWrong(lambda x, k, s, p, mode=mode: _soft_split(x, k, s, p, pad_mode=mode), message)
-            for mode, message in PADDED_BY.items()
+            for mode, message in PADDING.items()
         ),
+        *(
+            KnownWrong(lambda x, k, s, p, fixed=fixed: _soft_split(x, k, s, fixed), f"{HARD_CODED}: padding=padding")
+            for fixed in (1, 2)
+        ),
+        KnownWrong(
+            lambda x, k, s, p: _soft_split(x, k, s, p, tokens="reshape"),
+            "F.unfold's (B, C*k*k, L) is reshaped to (B, L, C*k*k), which scrambles it; transpose it, .transpose(1, 2)",
+        ),
+        KnownWrong(lambda x, k, s, p: _soft_split(x, k, s, p, tokens="columns"), COLUMN_MAJOR),
     ]
     # The exercise asks for no F.unfold; the values cannot show it, so the PASS line says so.
     return run_check("soft_split", fn, cases, _soft_split, known_wrong=wrongs, pass_note=_UNFOLD_NOTE)
@@ -187,6 +197,15 @@ _T2T_GRID_WRONGS = (
     KnownWrong(
         lambda h, w: _grids(h, w, lambda n, k, s, p: (n + 2 * p - k) // s),
         f"the + 1 is missing: the first window sits at position 0; {_GRID_RIGHT}",
+    ),
+    KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: -(-n // s)),
+        f"each side is ceil(n / stride), TensorFlow's 'SAME' count, which ignores kernel and padding: {_GRID_RIGHT}",
+    ),
+    KnownWrong(
+        lambda h, w: _grids(h, w, lambda n, k, s, p: round((n + 2 * p - k) / s) + 1),
+        "the division is rounded to the nearest; a window that does not fit is not a token, so round down: "
+        + _GRID_RIGHT,
     ),
     KnownWrong(
         lambda h, w: _grids(h, w, lambda n, k, s, p: -(-(n + 2 * p - k) // s) + 1),
