@@ -163,7 +163,7 @@ def _all_reduce(values: list[float], device: torch.device, group: Any = None) ->
     """Sum ``values`` over the processes of a torchrun job; unchanged in a single process."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
-    totals = torch.tensor(values, dtype=torch.float64, device=device)  # the model's GPU for NCCL (GPU tensors only)
+    totals = torch.tensor(values, dtype=torch.float64, device=device)  # NCCL: this process's GPU; gloo: either
     dist.all_reduce(totals, group=group)
     return totals.tolist()
 

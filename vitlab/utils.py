@@ -32,7 +32,7 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 
 def seed_everything(seed: int = 0) -> None:
-    """Seed Python, and PyTorch on every device."""
+    """Seed Python, NumPy, and PyTorch on every device."""
     random.seed(seed)
     torch.manual_seed(seed)
     np.random.seed(seed)
