@@ -13,9 +13,10 @@ One machine with 8 GPUs, then two such machines (run the command on each, ``--no
         --rdzv_endpoint HOST:29500 benchmarks/train_ddp.py
 
 torchrun starts the processes and gives each its ``RANK``, ``LOCAL_RANK`` and
-``WORLD_SIZE``. What this file adds for it is :func:`start`: join the process group and pick
-the process's GPU. ``fit`` and the model are the chapter's, unchanged: ``fit`` sees the
-process group and shards the data itself. ``--batch-size`` is per process.
+``WORLD_SIZE``. What this file adds for it is :func:`start`: join the process group; the
+process's GPU, ``cuda:LOCAL_RANK``, is ``vitlab.pick_device()``'s. ``fit`` and the model are
+the chapter's, unchanged: ``fit`` sees the process group and shards the data itself.
+``--batch-size`` is per process.
 
 A script (not ``python -m vitlab.train``) so that ``vitlab.train`` stays the short loop a
 student reads, and so that the cost of several processes can be measured here.
@@ -70,13 +71,11 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, DataLoader, DataLoader, 
 
 
 def start() -> torch.device:
-    """Join torchrun's process group (if launched by torchrun) and return this process's device."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    """Join torchrun's process group (if launched by torchrun) and return this process's device:
+    ``cuda:LOCAL_RANK`` (``vitlab.pick_device`` makes it the current device) or the CPU."""
+    device = vitlab.pick_device()
     if "WORLD_SIZE" in os.environ:  # set by torchrun
-        if cuda:
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device
 
 

@@ -303,6 +303,33 @@ def test_resume_needs_a_checkpoint_file() -> None:
         fit(tiny_vit(), *few_digits(n=64), TrainConfig(epochs=1, warmup_epochs=0, progress=False), resume=True)
 
 
+@pytest.mark.parametrize(
+    ("cuda", "local_rank", "expected"),
+    [(False, "1", "cpu"), (True, None, "cuda"), (True, "0", "cuda:0"), (True, "1", "cuda:1")],
+    ids=["no gpu: cpu", "one process: cuda", "torchrun rank 0", "torchrun rank 1"],
+)
+def test_each_torchrun_process_picks_its_own_gpu(monkeypatch, cuda: bool, local_rank: str | None, expected) -> None:
+    """Faked: two GPUs (or none), and the ``LOCAL_RANK`` torchrun gives each process."""
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2 if cuda else 0)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert vitlab.pick_device() == torch.device(expected)
+    assert current == ([int(local_rank)] if cuda and local_rank else []), "the current device is this process's GPU"
+
+
+def test_more_torchrun_processes_than_gpus_is_an_error(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(RuntimeError, match=r"LOCAL_RANK is 2 but this machine has 2 GPU\(s\): run at most 2 processes"):
+        vitlab.pick_device()
+
+
 def load_train_ddp():
     """benchmarks/train_ddp.py as a module (benchmarks/ is not a package)."""
     import importlib.util

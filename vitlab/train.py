@@ -1,9 +1,8 @@
 """A small, readable training loop for the course's models.
 
-The recipe is the one DeiT made standard for ViTs, cut down to what a small model on a
-small dataset needs: AdamW with no weight decay on biases, norms, tokens and position
-embeddings; a linear warmup then a cosine decay, updated every step; label smoothing;
-optional mixup (off by default); gradient clipping; mixed precision on a CUDA GPU only;
+The recipe is the one DeiT made standard for ViTs, cut down to what a small model on a small dataset needs: AdamW
+with no weight decay on biases, norms, tokens and position embeddings; a linear warmup then a cosine decay, updated
+every step; label smoothing; optional mixup (off by default); gradient clipping; mixed precision on a CUDA GPU only;
 a checkpoint after every epoch to resume from; several processes under ``torchrun``.
 
 ``fit`` measures the model on a held-out loader after every epoch: a **validation** split
@@ -160,12 +159,11 @@ def _autocast(device: torch.device, enabled: bool):
     return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
-def _all_reduce(values: list[float], group: Any = None) -> list[float]:
+def _all_reduce(values: list[float], device: torch.device, group: Any = None) -> list[float]:
     """Sum ``values`` over the processes of a torchrun job; unchanged in a single process."""
     if not (dist.is_available() and dist.is_initialized()):
         return values
-    on_gpu = dist.get_backend(group) == "nccl"  # NCCL reduces GPU tensors only
-    totals = torch.tensor(values, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
+    totals = torch.tensor(values, dtype=torch.float64, device=device)  # NCCL: this process's GPU; gloo: either
     dist.all_reduce(totals, group=group)
     return totals.tolist()
 
@@ -184,7 +182,7 @@ def evaluate(model: nn.Module, loader: Iterable, *, amp: bool = True, group: Any
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += (logits.argmax(-1) == labels).sum().item()
         count += labels.numel()
-    loss_sum, correct, count = _all_reduce([loss_sum, correct, count], group)
+    loss_sum, correct, count = _all_reduce([loss_sum, correct, count], device, group)
     if count == 0:
         raise ValueError("evaluate got an empty loader")
     return loss_sum / count, correct / count
@@ -325,7 +323,7 @@ def fit(
             loss_sum += loss.item() * labels.numel()
             correct += (logits.argmax(-1) == labels).sum().item()
             count += labels.numel()
-        loss_sum, correct, count = _all_reduce([loss_sum, correct, count], group)
+        loss_sum, correct, count = _all_reduce([loss_sum, correct, count], device, group)
         eval_loss, eval_acc = evaluate(module, eval_loader, amp=config.amp, group=group)
         if config.keep_best and (not history.eval_acc or eval_acc > max(history.eval_acc)):
             best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}

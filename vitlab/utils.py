@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -30,17 +32,19 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 
 
 def seed_everything(seed: int = 0) -> None:
-    """Seed Python, and PyTorch on every device."""
+    """Seed Python, NumPy, and PyTorch on every device."""
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed)
-    except ImportError:  # numpy is optional for vitlab itself
-        pass
+    np.random.seed(seed)
 
 
 def pick_device() -> torch.device:
-    """``cuda`` when present, else ``cpu``."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``cpu`` without CUDA; under torchrun (which sets ``LOCAL_RANK``) this process's own GPU,
+    ``cuda:LOCAL_RANK``, made the current device; else ``cuda``."""
+    if not torch.cuda.is_available() or "LOCAL_RANK" not in os.environ:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, count = int(os.environ["LOCAL_RANK"]), torch.cuda.device_count()
+    if rank >= count:
+        raise RuntimeError(f"LOCAL_RANK is {rank} but this machine has {count} GPU(s): run at most {count} processes")
+    torch.cuda.set_device(rank)  # NCCL and torch.cuda calls without an index use it
+    return torch.device("cuda", rank)
