@@ -55,10 +55,12 @@ def test_an_all_masked_query_row_gives_zeros_not_nan(fused: bool) -> None:
     torch.testing.assert_close(out[:, 3], attn.proj.bias.expand(2, -1))
 
 
-@pytest.mark.slow
 def test_torch_compile_vit_small_matches_eager() -> None:
+    # fullgraph: TorchDynamo traces the whole forward with no graph break. The aot_eager backend
+    # runs the traced graph without generating C++ (inductor's code generation is PyTorch's to
+    # test, and costs about 20 s of compiling on a fresh machine).
     model = vitlab.create_model("vit_small_patch16_224", depth=2).eval()  # two blocks compile as twelve do
     images = random_images(2)
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(images), model(images), atol=1e-4, rtol=0)
