@@ -1,18 +1,25 @@
-"""The book's interactive figures (vitlab.explorer): their data is the model's attention, and small."""
+"""The book's interactive figures (vitlab.explorer): their data is the model's attention or shapes, and small."""
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import altair as alt
 import pytest
 import torch
 
 import vitlab
-from vitlab.explorer import attention_explorer, explorer_rows, grid, map_layers
+from vitlab.data import load_digits, make_loaders
+from vitlab.diagrams._trace import trace_shapes
+from vitlab.explorer import attention_explorer, explorer_rows, grid, map_layers, shape_stepper, trained_tiny
 from vitlab.family import tiny_model
+from vitlab.rollout import attention_rollout
+from vitlab.train import evaluate
 
 MAX_BYTES = 300_000  # an interactive figure's data, at most
+MIME = "application/vnd.vegalite.v5+json"
 
 
 @pytest.fixture(scope="module")
@@ -33,24 +40,35 @@ def test_rows_are_the_maps_of_image_0(cait: tuple[list, torch.Tensor]) -> None:
     maps, _ = cait
     layers = map_layers(maps)
     assert len(layers) == len(maps) + sum(m.unmixed is not None for m in maps)
-    rows = explorer_rows(maps)
+    assert [label for label, _ in layers[:2]] == [
+        "blocks.0.attn · talking heads · before mixing", "blocks.0.attn · talking heads · after mixing"]  # fmt: skip
+    rows = explorer_rows(layers)
     for index, (_, a) in enumerate(layers):
         n, nq, nk = a.shape
-        for h in range(-1, n):
+        for h in range(-1, n if n > 1 else 0):  # a one-head layer: only its "mean"
             expected = a.mean(0) if h == -1 else a[h]
             for q in range(nq):
                 (row,) = [r for r in rows if (r["l"], r["h"], r["q"]) == (index, h, q)]
                 torch.testing.assert_close(torch.tensor(row["v"]), expected[q], atol=5e-4, rtol=0)
-                assert (row["qs"], row["qe"], row["ks"], row["ke"]) == (*grid(nq), *grid(nk))
+                assert (row["n"], row["qs"], row["qe"], row["ks"], row["ke"]) == (n, *grid(nq), *grid(nk))
+    assert len(rows) == sum((a.shape[0] + (a.shape[0] > 1)) * a.shape[1] for _, a in layers)
 
 
-def test_spec_is_valid(cait: tuple[list, torch.Tensor]) -> None:
+def test_rollout_is_one_more_layer() -> None:
+    vit_maps = vitlab.attention_maps(tiny_model("vit").eval(), torch.rand(2, 1, 32, 32))
+    *layers, (label, rollout) = map_layers(vit_maps, rollout=True)
+    assert label == "rollout" and len(layers) == len(vit_maps)
+    torch.testing.assert_close(rollout, attention_rollout([m.attn for m in vit_maps])[:1])
+
+
+def test_spec_is_valid_and_shown_as_vega_lite(cait: tuple[list, torch.Tensor], monkeypatch) -> None:
     maps, images = cait
     figure = attention_explorer(maps, images[0], "a test figure")
     assert figure.spec["description"] == "a test figure"
     alt.HConcatChart.from_dict(figure.spec, validate=True)  # against Vega-Lite's schema
-    html = figure._repr_mimebundle_()["text/html"]
-    assert html.startswith('<div class="vitlab-vega"><img src="data:image/png;base64,')
+    assert figure._repr_mimebundle_() == {MIME: figure.spec, "text/plain": "a test figure"}
+    monkeypatch.setitem(sys.modules, "google.colab", None)  # Colab draws it from HTML
+    assert "vegaEmbed" in figure._repr_mimebundle_()["text/html"]
 
 
 @pytest.mark.parametrize("family, overrides", [("t2t_vit", {}), ("vit", {"patch_size": 8})])
@@ -62,3 +80,24 @@ def test_data_is_small(family: str, overrides: dict) -> None:
     image = torch.rand(1, 1, 32, 32)
     spec = attention_explorer(vitlab.attention_maps(model, image), image[0], "x").spec
     assert 20_000 < len(json.dumps(spec).encode()) <= MAX_BYTES
+
+
+def test_stepper_shows_the_traced_shapes() -> None:
+    steps = ["patch_embed", "transformers.0.blocks.0", "transformers.1.pool", "transformers.2.blocks.0", "head"]
+    figure = shape_stepper("pit_ti_224", steps, "x")
+    alt.LayerChart.from_dict(figure.spec, validate=True)
+    model = vitlab.create_model("pit_ti_224")  # real weights, not the meta device the stepper traces on
+    traced = trace_shapes(model, (1, 3, 224, 224), steps)
+    rows = figure.spec["datasets"]["steps"]
+    assert [r["name"] for r in rows] == ["input", *steps]
+    assert [r["shape"] for r in rows] == [str((1, 3, 224, 224)), *(str(traced[s]) for s in steps)]
+    assert rows[3]["shape"] == "(1, 128, 14, 14)"  # pooling halves the 27 x 27 grid (PiT, Table 1)
+
+
+def test_trained_tiny_reads_its_measured_accuracy() -> None:
+    """The notebook's model, images and accuracy come from the weights file, measured on the test digits."""
+    path = Path(__file__).parents[1] / "notebooks" / "data" / "explorer_vit.pt"
+    model, images, accuracy = trained_tiny("vit", str(path), patch_size=8)
+    splits = load_digits(image_size=32)
+    assert accuracy == evaluate(model, make_loaders(splits, batch_size=128, seed=0)[1])[1] > 0.9
+    torch.testing.assert_close(images, torch.stack([splits.test[i][0] for i in range(8)]), atol=2e-3, rtol=1e-3)

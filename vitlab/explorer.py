@@ -1,14 +1,10 @@
-"""The book's interactive figures (Vega-Lite): a still PNG that book/_static/vitlab_vega.js
-makes live. The attention explorer: pick a layer, a head and a query patch (click, or the
-slider's arrow keys) and see that token's row of the map."""
+"""The book's interactive figures (Vega-Lite): the attention explorer and the shape stepper."""
 
 from __future__ import annotations
 
-import base64
-import html
-import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,71 +14,62 @@ from torch import Tensor
 
 from vitlab.contract import AttentionMap
 from vitlab.data import load_digits, make_loaders
+from vitlab.diagrams._trace import trace_preset
 from vitlab.factory import create_model
 from vitlab.family import TINY_CONFIGS, TINY_IMAGE_SIZE
+from vitlab.rollout import attention_rollout
 from vitlab.train import TrainConfig, evaluate, fit
 from vitlab.utils import seed_everything
 
 SIZE = 150  # px, each panel
+KINDS = {"self": "self-attention", "class": "class-attention", "cross": "cross-attention", "mixed": "talking heads"}
 
 
 class VegaFigure:
-    """A Vega-Lite spec that Jupyter and the book show as its still image, the book live."""
+    """A Vega-Lite spec (its data in ``datasets``), shown live by JupyterLab and the book."""
 
-    def __init__(self, chart: alt.TopLevelMixin, alt_text: str) -> None:
-        self.spec = chart.properties(description=alt_text).to_dict(validate=False)
-        self.alt_text = alt_text
+    def __init__(self, chart: alt.TopLevelMixin, alt_text: str, **datasets: list) -> None:
+        self.spec = chart.properties(description=alt_text).to_dict(validate=False) | {"datasets": datasets}
+        self.spec["$schema"], self.alt_text = "https://vega.github.io/schema/vega-lite/v5.json", alt_text
 
-    def _repr_mimebundle_(self, **_: Any) -> dict[str, str]:
-        import vl_convert
-
-        png = base64.b64encode(vl_convert.vegalite_to_png(self.spec, scale=1.5)).decode()
-        data = json.dumps(self.spec, separators=(",", ":")).replace("</", "<\\/")
-        return {
-            "text/plain": self.alt_text,
-            "text/html": f'<div class="vitlab-vega"><img src="data:image/png;base64,{png}" '
-            f'alt="{html.escape(self.alt_text)}" style="width:{2 * SIZE + 110}px">'
-            f'<script type="application/json">{data}</script></div>',
-        }
+    def _repr_mimebundle_(self, **_: Any) -> dict[str, Any]:
+        if "google.colab" in sys.modules:  # Colab draws Vega-Lite from HTML (Vega from a CDN)
+            return alt.renderers.get()(self.spec)  # type: ignore[return-value]
+        return {"application/vnd.vegalite.v5+json": self.spec, "text/plain": self.alt_text}  # v5 features only
 
 
-def map_layers(maps: Sequence[AttentionMap]) -> list[tuple[str, Tensor]]:
-    """``(label, map (h, N_q, N_k))`` of image 0 for each layer; a mixing layer gives two."""
-    layers = []
-    for m in maps:
-        if m.unmixed is not None:
-            layers.append((f"{m.path} ({m.kind}, before mixing)", m.unmixed[0]))
-        layers.append((f"{m.path} ({m.kind}{', after mixing' if m.unmixed is not None else ''})", m.attn[0]))
-    return layers
+def map_layers(maps: Sequence[AttentionMap], rollout: bool = False) -> list[tuple[str, Tensor]]:
+    """``(label, map (h, N_q, N_k))`` of image 0 per layer (a mixing one: before and after), then the
+    :func:`~vitlab.rollout.attention_rollout` if ``rollout``. The book translates a label's `` · `` parts."""
+    pairs = [[(m.attn, [])] if m.unmixed is None else [(m.unmixed, ["before mixing"]), (m.attn, ["after mixing"])]
+             for m in maps]  # fmt: skip
+    layers = [
+        (" · ".join([m.path, KINDS.get(m.kind, m.kind), *when]), a[0]) for m, ps in zip(maps, pairs) for a, when in ps
+    ]
+    return layers + ([("rollout", attention_rollout([m.attn for m in maps])[:1])] if rollout else [])
 
 
 def grid(n: int) -> tuple[int, int]:
     """``(side, extra)``: ``n`` tokens are ``extra`` ones ([cls], ...) then a side x side grid."""
-    side = math.isqrt(n)
-    return side, n - side * side
+    return (side := math.isqrt(n)), n - side * side
 
 
-def explorer_rows(maps: Sequence[AttentionMap], decimals: int = 3) -> list[dict[str, Any]]:
-    """A row per layer ``l``, head ``h`` (-1: the mean, a one-head layer's only row), query ``q``: its
+def explorer_rows(layers: Sequence[tuple[str, Tensor]], decimals: int = 3) -> list[dict[str, Any]]:
+    """A row per layer ``l``, head ``h`` (-1: the mean, shown for a head the layer lacks), query ``q``: its
     attention ``v`` over the keys, ``n`` heads, the :func:`grid` of queries ``qs, qe`` and keys ``ks, ke``."""
     rows = []
-    for index, (_, a) in enumerate(map_layers(maps)):
-        n, nq, nk = a.shape
-        heads = {-1: a.float().mean(0)} | ({} if n == 1 else dict(enumerate(a)))
-        (qs, qe), (ks, ke) = grid(nq), grid(nk)
-        for h, m in heads.items():
-            for q, row in enumerate(m.tolist()):
-                v = [round(x, decimals) for x in row]
-                rows.append({"l": index, "h": h, "q": q, "n": n, "qs": qs, "qe": qe, "ks": ks, "ke": ke, "v": v})
+    for index, (_, a) in enumerate(layers):
+        (qs, qe), (ks, ke) = map(grid, a.shape[1:])
+        for h, m in ({-1: a.float().mean(0)} | ({} if len(a) == 1 else dict(enumerate(a)))).items():
+            rows += [{"l": index, "h": h, "q": q, "n": len(a), "qs": qs, "qe": qe, "ks": ks, "ke": ke, "v": v}
+                     for q, v in enumerate(((m.double() * 10**decimals).round() / 10**decimals).tolist())]  # fmt: skip
     return rows
 
 
-def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: str) -> VegaFigure:
+def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: str, rollout: bool = False) -> VegaFigure:
     """Explorer of ``maps`` (:func:`vitlab.attention_maps` of a batch whose first image is ``image``)."""
-    layers = map_layers(maps)
-    side = max(grid(a.shape[1])[0] for _, a in layers)  # the finest query grid
-    S = image.shape[-1]
-    heads = max(a.shape[0] for _, a in layers)
+    layers = map_layers(maps, rollout)
+    side, heads, S = max(grid(a.shape[1])[0] for _, a in layers), max(a.shape[0] for _, a in layers), image.shape[-1]
     layer = alt.param(name="layer", value=len(layers) - 1, bind=alt.binding_select(
         options=list(range(len(layers))), labels=[label for label, _ in layers], name="layer "))  # fmt: skip
     head = alt.param(name="head", value=-1, bind=alt.binding_select(
@@ -93,15 +80,14 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
     y = alt.Y("y0:Q", scale=alt.Scale(domain=[0, S], reverse=True), axis=None)
     pixels = [{"x0": j, "x1": j + 1, "y0": i, "y1": i + 1, "g": round(float(g), 2)}
               for i, r in enumerate(image[0].tolist()) for j, g in enumerate(r)]  # fmt: skip
-    cell = S / side
-    cells = [{"p": i * side + j, "x0": j * cell, "x1": (j + 1) * cell, "y0": i * cell, "y1": (i + 1) * cell}
+    c = S / side
+    cells = [{"p": i * side + j, "x0": j * c, "x1": (j + 1) * c, "y0": i * c, "y1": (i + 1) * c}
              for i in range(side) for j in range(side)]  # fmt: skip
-    base = alt.Chart(alt.Data(values=pixels)).encode(x=x, x2="x1", y=y, y2="y1")
-    img = base.mark_rect().encode(color=alt.Color("g:Q", scale=alt.Scale(scheme="greys"), legend=None))
-    picks = alt.Chart(alt.Data(values=cells), name="patches").mark_rect(fill="white", fillOpacity=0.01).encode(
+    img = alt.Chart(alt.NamedData("pixels")).mark_rect().encode(x=x, x2="x1", y=y, y2="y1",
+        color=alt.Color("g:Q", scale=alt.Scale(scheme="greys"), legend=None))  # fmt: skip
+    picks = alt.Chart(alt.NamedData("cells"), name="patches").mark_rect(fill="white", fillOpacity=0.01).encode(
         x=x, x2="x1", y=y, y2="y1", stroke=alt.condition(patch, alt.value("#d62728"), alt.value(None)),
         strokeWidth=alt.value(3)).add_params(patch)  # fmt: skip
-    left = (img + picks).properties(width=SIZE, height=SIZE, title="query patch")
     target = (f"datum.qs * datum.qs + datum.qe == 1 ? 0 : patch_p < 0 ? (datum.qe > 0 ? 0 : -1) : datum.qe"
               f" + floor(floor(patch_p / {side}) * datum.qs / {side}) * datum.qs"
               f" + floor((patch_p % {side}) * datum.qs / {side})")  # fmt: skip
@@ -110,8 +96,8 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
           "x1": "datum.kk < 0 ? (datum.k + 0.9) * {S} / 4 : (datum.c + 1) * {S} / datum.ks",
           "y0": "datum.kk < 0 ? 1.05 * {S} : datum.r * {S} / datum.ks",
           "y1": "datum.kk < 0 ? 1.2 * {S} : (datum.r + 1) * {S} / datum.ks"}  # fmt: skip
-    keys = (alt.Chart(alt.Data(values=explorer_rows(maps)), name="keys")
-        .transform_filter("datum.l == layer && (datum.h == head || datum.n == 1)")
+    keys = (alt.Chart(alt.NamedData("rows"), name="keys")
+        .transform_filter("datum.l == layer && datum.h == (head < datum.n && datum.n > 1 ? head : -1)")
         .transform_calculate(t=target).transform_filter("datum.q == datum.t")
         .transform_flatten(["v"]).transform_window(k="row_number()")
         .transform_calculate(k="datum.k - 1").transform_calculate(kk="datum.k - datum.ke")
@@ -121,31 +107,46 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
         axis=None), y2="y1", color=alt.Color("v:Q", scale=alt.Scale(scheme="viridis"), title=None,
         legend=alt.Legend(orient="bottom", gradientLength=SIZE - 20)), tooltip=["k:Q", "v:Q"])
         .properties(width=SIZE, height=round(1.2 * SIZE), title="its attention over the keys"))  # fmt: skip
-    return VegaFigure(
-        alt.hconcat(left, keys)
-        .add_params(layer, head)
-        .resolve_scale(x="independent", y="independent", color="independent"),
-        alt_text,
-    )
+    chart = alt.hconcat((img + picks).properties(width=SIZE, height=SIZE, title="query patch"), keys).add_params(
+        layer, head).resolve_scale(x="independent", y="independent", color="independent")  # fmt: skip
+    return VegaFigure(chart, alt_text, pixels=pixels, cells=cells, rows=explorer_rows(layers))
+
+
+def shape_stepper(preset: str, steps: Sequence[str], alt_text: str) -> VegaFigure:
+    """Step (slider, arrow keys, click) through ``preset``'s submodules ``steps``: their traced output shapes."""
+    _, size, traced = trace_preset(preset, steps)
+    rows = [{"i": i, "name": n, "shape": str(({"input": size} | traced)[n])} for i, n in enumerate(["input", *steps])]
+    step = alt.selection_point(name="step", fields=["i"], on="click", clear=False, value=0,
+        bind=alt.binding_range(min=0, max=len(steps), step=1, name="step "))  # fmt: skip
+    base = alt.Chart(alt.NamedData("steps")).encode(y=alt.Y("i:O", axis=None))
+    fill = alt.condition(step, alt.value("#fde0c5"), alt.value("#eee"))
+    row = base.mark_rect(height=20, width=400).encode(color=fill)
+    here = base.mark_text(x=4, align="left").encode(text=alt.condition(step, alt.value("▶"), alt.value("")))
+    name = base.mark_text(x=20, align="left", font="monospace").encode(text="name:N")
+    shape = base.mark_text(x=392, align="right", font="monospace").encode(text="shape:N")
+    chart = (row.add_params(step) + here + name + shape).properties(width=400, height=24 * len(rows))
+    return VegaFigure(chart, alt_text, steps=rows)
 
 
 def trained_tiny(family: str, weights: str, epochs: int = 15, **overrides: Any) -> tuple[Any, Tensor, float]:
-    """Chapter 13's tiny ``family`` (config ``overrides``) trained on 32 px digits: the model,
-    8 test images and its test accuracy. The weights are read from the file ``weights`` if it
-    exists, else trained on one CPU thread (the same on every machine) and saved there in fp16."""
+    """Chapter 13's tiny ``family`` (config ``overrides``) trained on 32 px digits, 8 test images and its test
+    accuracy, from the file ``weights``; if missing, trained on one CPU thread and measured in fp16 first."""
     preset, tiny = TINY_CONFIGS[family]
-    splits, threads = load_digits(image_size=TINY_IMAGE_SIZE), torch.get_num_threads()
     seed_everything(0)
     model = create_model(preset, img_size=TINY_IMAGE_SIZE, in_chans=1, num_classes=10, **(tiny | overrides))
-    train_loader, test_loader = make_loaders(splits, batch_size=128, seed=0)
-    if os.path.exists(weights):
-        model.load_state_dict(torch.load(weights, weights_only=True))
-    else:
+    if not os.path.exists(weights):
+        splits, threads = load_digits(image_size=TINY_IMAGE_SIZE), torch.get_num_threads()
+        train_loader, test_loader = make_loaders(splits, batch_size=128, seed=0)
         torch.set_num_threads(1)
         try:
-            config = TrainConfig(epochs=epochs, lr=5e-3, warmup_epochs=1, label_smoothing=0.0, progress=False)
-            fit(model, train_loader, test_loader, config)
+            fit(model, train_loader, test_loader, TrainConfig(epochs=epochs, lr=5e-3, warmup_epochs=1,
+                label_smoothing=0.0, progress=False))  # fmt: skip
         finally:
             torch.set_num_threads(threads)
-        torch.save({k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}, weights)
-    return model.eval(), torch.stack([splits.test[i][0] for i in range(8)]), evaluate(model, test_loader)[1]
+        half = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        model.load_state_dict(half)
+        images = torch.stack([splits.test[i][0] for i in range(8)]).half()  # (8, 1, 32, 32)
+        torch.save({"model": half, "images": images, "accuracy": evaluate(model, test_loader)[1]}, weights)
+    saved = torch.load(weights, weights_only=True)
+    model.load_state_dict(saved["model"])
+    return model.eval(), saved["images"].float(), saved["accuracy"]
