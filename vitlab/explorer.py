@@ -120,7 +120,7 @@ def shape_stepper(preset: str, steps: Sequence[str], alt_text: str) -> VegaFigur
         bind=alt.binding_range(min=0, max=len(steps), step=1, name="step "))  # fmt: skip
     base = alt.Chart(alt.NamedData("steps")).encode(y=alt.Y("i:O", axis=None))
     fill = alt.condition(step, alt.value("#fde0c5"), alt.value("#eee"))
-    row = base.mark_rect(height=20, width=400).encode(color=fill)
+    row = base.mark_rect(height=20, x=0, x2=400).encode(color=fill)
     here = base.mark_text(x=4, align="left").encode(text=alt.condition(step, alt.value("▶"), alt.value("")))
     name = base.mark_text(x=20, align="left", font="monospace").encode(text="name:N")
     shape = base.mark_text(x=392, align="right", font="monospace").encode(text="shape:N")
