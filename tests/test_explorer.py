@@ -9,6 +9,7 @@ from pathlib import Path
 import altair as alt
 import pytest
 import torch
+import vl_convert
 
 import vitlab
 from vitlab.data import load_digits, make_loaders
@@ -66,6 +67,7 @@ def test_spec_is_valid_and_shown_as_vega_lite(cait: tuple[list, torch.Tensor], m
     figure = attention_explorer(maps, images[0], "a test figure")
     assert figure.spec["description"] == "a test figure"
     alt.HConcatChart.from_dict(figure.spec, validate=True)  # against Vega-Lite's schema
+    vl_convert.vegalite_to_vega(figure.spec, vl_version="5.8")  # the v5 it claims (JupyterLab's) compiles it
     assert figure._repr_mimebundle_() == {MIME: figure.spec, "text/plain": "a test figure"}
     monkeypatch.setitem(sys.modules, "google.colab", None)  # Colab draws it from HTML
     assert "vegaEmbed" in figure._repr_mimebundle_()["text/html"]
