@@ -55,11 +55,16 @@ def test_rows_are_the_maps_of_image_0(cait: tuple[list, torch.Tensor]) -> None:
     assert len(rows) == sum((a.shape[0] + (a.shape[0] > 1)) * a.shape[1] for _, a in layers)
 
 
-def test_rollout_is_one_more_layer() -> None:
+def test_extra_layers_come_last() -> None:
+    """Chapter 3's rollout (chapter 10's bias) is one more entry of the layer menu."""
     vit_maps = vitlab.attention_maps(tiny_model("vit").eval(), torch.rand(2, 1, 32, 32))
-    *layers, (label, rollout) = map_layers(vit_maps, rollout=True)
-    assert label == "rollout" and len(layers) == len(vit_maps)
-    torch.testing.assert_close(rollout, attention_rollout([m.attn for m in vit_maps])[:1])
+    rollout = attention_rollout([m.attn for m in vit_maps])[:1]
+    *layers, (label, shown) = map_layers(vit_maps, [("rollout", rollout)])
+    assert label == "rollout" and len(layers) == len(vit_maps) and shown is rollout
+    rows = explorer_rows([*layers, (label, shown)])
+    assert [r["v"] for r in rows if r["l"] == len(layers)] == [
+        [round(x, 3) for x in row] for row in rollout[0].tolist()
+    ]
 
 
 def test_spec_is_valid_and_shown_as_vega_lite(cait: tuple[list, torch.Tensor], monkeypatch) -> None:

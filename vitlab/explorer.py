@@ -17,11 +17,11 @@ from vitlab.data import load_digits, make_loaders
 from vitlab.diagrams._trace import trace_preset
 from vitlab.factory import create_model
 from vitlab.family import TINY_CONFIGS, TINY_IMAGE_SIZE
-from vitlab.rollout import attention_rollout
 from vitlab.train import TrainConfig, evaluate, fit
 from vitlab.utils import seed_everything
 
 SIZE = 150  # px, each panel
+Layer = tuple[str, Tensor]  # (label, map (h, N_q, N_k)) of one image
 KINDS = {"self": "self-attention", "class": "class-attention", "cross": "cross-attention", "mixed": "talking heads"}
 
 
@@ -38,15 +38,14 @@ class VegaFigure:
         return {"application/vnd.vegalite.v5+json": self.spec, "text/plain": self.alt_text}  # v5 features only
 
 
-def map_layers(maps: Sequence[AttentionMap], rollout: bool = False) -> list[tuple[str, Tensor]]:
+def map_layers(maps: Sequence[AttentionMap], extra: Sequence[Layer] = ()) -> list[Layer]:
     """``(label, map (h, N_q, N_k))`` of image 0 per layer (a mixing one: before and after), then the
-    :func:`~vitlab.rollout.attention_rollout` if ``rollout``. The book translates a label's `` · `` parts."""
+    ``extra`` ones (e.g. ``("rollout", R[:1])``). The book translates a label's `` · `` parts."""
     pairs = [[(m.attn, [])] if m.unmixed is None else [(m.unmixed, ["before mixing"]), (m.attn, ["after mixing"])]
              for m in maps]  # fmt: skip
-    layers = [
-        (" · ".join([m.path, KINDS.get(m.kind, m.kind), *when]), a[0]) for m, ps in zip(maps, pairs) for a, when in ps
-    ]
-    return layers + ([("rollout", attention_rollout([m.attn for m in maps])[:1])] if rollout else [])
+    layers = [(" · ".join([m.path, KINDS.get(m.kind, m.kind), *when]), a[0])
+              for m, ps in zip(maps, pairs) for a, when in ps]  # fmt: skip
+    return layers + list(extra)
 
 
 def grid(n: int) -> tuple[int, int]:
@@ -54,7 +53,7 @@ def grid(n: int) -> tuple[int, int]:
     return (side := math.isqrt(n)), n - side * side
 
 
-def explorer_rows(layers: Sequence[tuple[str, Tensor]], decimals: int = 3) -> list[dict[str, Any]]:
+def explorer_rows(layers: Sequence[Layer], decimals: int = 3) -> list[dict[str, Any]]:
     """A row per layer ``l``, head ``h`` (-1: the mean, shown for a head the layer lacks), query ``q``: its
     attention ``v`` over the keys, ``n`` heads, the :func:`grid` of queries ``qs, qe`` and keys ``ks, ke``."""
     rows = []
@@ -66,9 +65,10 @@ def explorer_rows(layers: Sequence[tuple[str, Tensor]], decimals: int = 3) -> li
     return rows
 
 
-def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: str, rollout: bool = False) -> VegaFigure:
+def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: str,
+                       extra: Sequence[Layer] = ()) -> VegaFigure:  # fmt: skip
     """Explorer of ``maps`` (:func:`vitlab.attention_maps` of a batch whose first image is ``image``)."""
-    layers = map_layers(maps, rollout)
+    layers = map_layers(maps, extra)
     side, heads, S = max(grid(a.shape[1])[0] for _, a in layers), max(a.shape[0] for _, a in layers), image.shape[-1]
     layer = alt.param(name="layer", value=len(layers) - 1, bind=alt.binding_select(
         options=list(range(len(layers))), labels=[label for label, _ in layers], name="layer "))  # fmt: skip
