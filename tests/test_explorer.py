@@ -108,3 +108,13 @@ def test_trained_tiny_reads_its_measured_accuracy() -> None:
     splits = load_digits(image_size=32)
     assert accuracy == evaluate(model, make_loaders(splits, batch_size=128, seed=0)[1])[1] > 0.9
     torch.testing.assert_close(images, torch.stack([splits.test[i][0] for i in range(8)]), atol=2e-3, rtol=1e-3)
+
+
+def test_trained_tiny_trains_and_saves_a_missing_file(tmp_path: Path) -> None:
+    """As on Colab, where data/ is missing: train, save in fp16 with the digits and the accuracy, reload."""
+    path = tmp_path / "data" / "vit.pt"
+    model, images, accuracy = trained_tiny("vit", str(path), epochs=2)
+    saved = torch.load(path, weights_only=True)
+    assert {v.dtype for v in saved["model"].values()} == {torch.float16} and images.shape == (8, 1, 32, 32)
+    splits = load_digits(image_size=32)
+    assert accuracy == saved["accuracy"] == evaluate(model, make_loaders(splits, batch_size=128, seed=0)[1])[1]

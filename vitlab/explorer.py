@@ -129,8 +129,7 @@ def shape_stepper(preset: str, steps: Sequence[str], alt_text: str) -> VegaFigur
 
 
 def trained_tiny(family: str, weights: str, epochs: int = 15, **overrides: Any) -> tuple[Any, Tensor, float]:
-    """Chapter 13's tiny ``family`` (config ``overrides``) trained on 32 px digits, 8 test images and its test
-    accuracy, from the file ``weights``; if missing, trained on one CPU thread and measured in fp16 first."""
+    """Chapter 13's tiny ``family`` on 32 px digits, 8 test digits and its accuracy: from ``weights``, else trained."""
     preset, tiny = TINY_CONFIGS[family]
     seed_everything(0)
     model = create_model(preset, img_size=TINY_IMAGE_SIZE, in_chans=1, num_classes=10, **(tiny | overrides))
@@ -144,8 +143,9 @@ def trained_tiny(family: str, weights: str, epochs: int = 15, **overrides: Any) 
         finally:
             torch.set_num_threads(threads)
         half = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-        model.load_state_dict(half)
+        model.load_state_dict(half)  # measured as stored, in fp16
         images = torch.stack([splits.test[i][0] for i in range(8)]).half()  # (8, 1, 32, 32)
+        os.makedirs(os.path.dirname(weights) or ".", exist_ok=True)  # Colab has no data/ folder
         torch.save({"model": half, "images": images, "accuracy": evaluate(model, test_loader)[1]}, weights)
     saved = torch.load(weights, weights_only=True)
     model.load_state_dict(saved["model"])
