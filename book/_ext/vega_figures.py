@@ -88,11 +88,14 @@ def place_figures(app: Sphinx, docname: str, source: list[str]) -> None:
 
     myst-nb renders every MIME type of an output while reading, and warns on one it has no
     renderer for, so the Vega-Lite one is replaced here, before it sees it."""
-    if "application/vnd.vegalite" not in source[0] or app.builder.format != "html":
+    if "application/vnd.vegalite" not in source[0]:
         return
     notebook = json.loads(source[0])
     say = translator(app, docname)
     for output, mime, text in vega_outputs(notebook):
+        if app.builder.format != "html":  # the gettext builder, a LaTeX one: the text alternative
+            output["data"] = {"text/plain": text}
+            continue
         name, width = still(app, output["data"][mime])
         alt = say(text)
         spec = output["data"][mime] | {"description": alt}

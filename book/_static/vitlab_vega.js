@@ -12,17 +12,17 @@
     ko: {
       "layer": "층", "head": "헤드", "mean": "평균",
       "query patch": "질의 패치", "its attention over the keys": "키에 대한 어텐션", "step": "단계",
-      "self-attention": "셀프 어텐션", "class-attention": "클래스 어텐션", "cross-attention": "교차 어텐션",
-      "re-attention": "재어텐션", "talking heads": "토킹 헤드", "before mixing": "섞기 전",
-      "after mixing": "섞은 뒤", "rollout": "롤아웃",
-      "self": "셀프", "class": "클래스", "cross": "교차", "mixed": "섞임",
+      "self-attention": "셀프 어텐션", "class-attention": "클래스 어텐션", "cross-attention": "크로스 어텐션",
+      "re-attention": "재어텐션", "talking heads": "토킹 헤드", "before mixing": "혼합 전",
+      "after mixing": "혼합 후", "rollout": "롤아웃", "input": "입력",
+      "self": "셀프", "class": "클래스", "cross": "크로스", "mixed": "혼합",
     },
     zh: {
       "layer": "层", "head": "头", "mean": "平均",
       "query patch": "查询图块", "its attention over the keys": "对键的注意力", "step": "步骤",
       "self-attention": "自注意力", "class-attention": "类注意力", "cross-attention": "交叉注意力",
       "re-attention": "重注意力", "talking heads": "交谈头", "before mixing": "混合前",
-      "after mixing": "混合后", "rollout": "注意力展开",
+      "after mixing": "混合后", "rollout": "展开", "input": "输入",
       "self": "自", "class": "类", "cross": "交叉", "mixed": "混合",
     },
   };
