@@ -38,24 +38,26 @@ VEGA_MIME = re.compile(r"application/vnd\.vegalite\.v\d+\+json")
 CJK = re.compile("[\\u1100-\\u11ff\\u3130-\\u318f\\uac00-\\ud7af\\u4e00-\\u9fff]")
 
 
-def explorers_in(notebook: Path) -> int:
+def figures_in(notebook: Path) -> tuple[int, int]:
     """How many interactive figures a chapter's stored outputs hold (a Vega-Lite spec, or the
-    HTML that holds one)."""
+    HTML that holds one), and how many of them are attention explorers (a "patch" parameter)."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    outputs = [output.get("data", {}) for cell in cells for output in cell.get("outputs", [])]
-    return sum(
-        any(VEGA_MIME.fullmatch(mime) for mime in data) or 'class="vitlab-vega"' in "".join(data.get("text/html", ""))
-        for data in outputs
-    )
+    figures = explorers = 0
+    for data in (output.get("data", {}) for cell in cells for output in cell.get("outputs", [])):
+        spec = next((value for mime, value in data.items() if VEGA_MIME.fullmatch(mime)), None)
+        if spec is not None or 'class="vitlab-vega"' in "".join(data.get("text/html", "")):
+            figures += 1
+            explorers += spec is None or any(param.get("name") == "patch" for param in spec.get("params", []))
+    return figures, explorers
 
 
-CHAPTERS = {
-    page: n for page in toc_files() if page.startswith("notebooks/") and (n := explorers_in(ROOT / f"{page}.ipynb"))
-}
-# Every chapter in English; the first in Korean and Chinese. axe-core (about 2 s a page) runs on
-# the figures of the first chapter in each edition: the others are the same markup with other
-# data, and test_browser.py runs it over every whole page.
-FIRST = next(iter(CHAPTERS), "")
+# chapter -> (its figures, its explorers)
+FIGURES = {page: figures_in(ROOT / f"{page}.ipynb") for page in toc_files() if page.startswith("notebooks/")}
+CHAPTERS = {page: figures for page, (figures, _) in FIGURES.items() if figures}
+# Every chapter in English; the first with an explorer in Korean and Chinese. axe-core (about
+# 2 s a page) runs on the figures of that chapter in each edition: the others are the same
+# markup with other data, and test_browser.py runs it over every whole page.
+FIRST = next((page for page, (_, explorers) in FIGURES.items() if explorers), "")
 CASES = [("en", page) for page in CHAPTERS] + [("ko", FIRST), ("zh", FIRST)]
 
 
@@ -278,6 +280,29 @@ def test_explorer(browser: Browser, site: str, edition: str, chapter: str) -> No
     assert not problems["errors"], "\n".join(problems["errors"])
     assert not problems["failed"], "\n".join(problems["failed"])
     assert not problems["external"], "requests to other hosts:\n" + "\n".join(problems["external"])
+
+
+@pytest.mark.parametrize("edition", ["en", "ko", "zh"])
+def test_without_javascript_the_still_and_its_alt_text(browser: Browser, site: str, edition: str) -> None:
+    """A reader without JavaScript gets each figure's still image and its text alternative."""
+    folder = "" if edition == "en" else f"{edition}/"
+    context = browser.new_context(viewport=WIDTHS["phone"], java_script_enabled=False)
+    try:
+        page = context.new_page()
+        page.goto(f"{site}{folder}{FIRST}.html", wait_until="load")
+        stills = page.locator("div.vitlab-vega img")
+        stills.last.scroll_into_view_if_needed()
+        page.wait_for_function("() => [...document.querySelectorAll('div.vitlab-vega img')].every((i) => i.complete)")
+        seen = stills.evaluate_all(
+            """(images) => images.map((i) => ({alt: i.alt, width: i.naturalWidth, shown: i.clientWidth,
+                                                column: i.closest("article").clientWidth}))"""
+        )
+    finally:
+        context.close()
+    assert len(seen) == CHAPTERS[FIRST], f"{FIRST}: {len(seen)} stills for {CHAPTERS[FIRST]} figures"
+    for image in seen:
+        assert image["width"] > 0 and image["alt"].strip(), f"a still that did not load, or has no alt text: {image}"
+        assert image["shown"] <= image["column"], f"a still wider than a phone's column: {image}"
 
 
 def test_every_page_with_a_figure_is_tested(html: Path) -> None:

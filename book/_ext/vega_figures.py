@@ -101,9 +101,11 @@ def place_figures(app: Sphinx, docname: str, source: list[str]) -> None:
         spec = output["data"][mime] | {"description": alt}
         data = json.dumps(spec, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
         src = relative_uri(app.builder.get_target_uri(docname), f"_images/{name}")
+        # Lazy: the script removes the still before a reader with JavaScript scrolls to it, so
+        # only a reader without it downloads the still.
+        img = f'<img src="{html.escape(src)}" alt="{html.escape(alt)}" width="{width}" loading="lazy">'
         output["data"] = {
-            "text/html": f'<div class="vitlab-vega"><img src="{html.escape(src)}" alt="{html.escape(alt)}" '
-            f'width="{width}"><script type="application/json">{data}</script></div>',
+            "text/html": f'<div class="vitlab-vega">{img}<script type="application/json">{data}</script></div>',
             "text/plain": alt,
         }
     source[0] = json.dumps(notebook, ensure_ascii=False)
