@@ -203,7 +203,9 @@ def point_and_press(page: Page, index: int, width: str) -> None:
     """Explorer ``index``: a patch by the mouse (a tap on the phone), others by the keyboard."""
     rows = {row["key"]: row["v"] for row in page.evaluate(ROWS, index)}
     side = math.isqrt(page.evaluate(STATE, index)["patches"])
-    clicked = side + 1 if width == "laptop" else 2 * side + 1  # row 1, column 1 (row 2, column 1)
+    # The laptop's mouse: row 1, column 1 (one before the last on a 2 x 2 grid), so that the arrow
+    # keys have a patch on either side; the phone's tap: the first patch (the keys left 1).
+    clicked = min(side + 1, side * side - 2) if width == "laptop" else 0
     point = page.evaluate(PATCH, [index, clicked])
     if width == "phone":
         page.touchscreen.tap(point["x"], point["y"])
