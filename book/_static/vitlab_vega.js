@@ -1,27 +1,48 @@
 // Draws each interactive figure of a page (vitlab.explorer) in place of its still image.
 // The figure's Vega-Lite spec sits in a <script type="application/json"> beside the still;
-// Vega, Vega-Lite and vega-embed are the book's own copies (book/_ext/vega_figures.py).
-// The views are kept in window.vitlabViews (the browser tests read their state there).
+// Vega, Vega-Lite and vega-embed are the book's own copies (book/_ext/vega_figures.py), and
+// this file is deferred after them, so it runs once the page is parsed.
+// The views are kept in window.vitlabViews, as promises (the browser tests read their state).
 "use strict";
 (function () {
-  // The labels of the controls in the translated editions (the page's <html lang>).
+  // The English words of the figures' titles and controls (vitlab.explorer), per language
+  // (the page's <html lang>). A menu label "blocks.0.attn · self-attention · after mixing"
+  // is translated part by part; a part not listed (a module path, a number) stays as it is.
   const WORDS = {
-    ko: {"layer ": "층 ", "head ": "헤드 ", "mean": "평균", "query patch (-1: [cls]) ": "질의 패치 (-1: [cls]) ",
-         "step ": "단계 ", "query patch": "질의 패치", "its attention over the keys": "키에 대한 어텐션"},
-    zh: {"layer ": "层 ", "head ": "头 ", "mean": "平均", "query patch (-1: [cls]) ": "查询图块 (-1: [cls]) ",
-         "step ": "步骤 ", "query patch": "查询图块", "its attention over the keys": "对键的注意力"},
+    ko: {
+      "layer": "층", "head": "헤드", "mean": "평균",
+      "query patch": "질의 패치", "its attention over the keys": "키에 대한 어텐션", "step": "단계",
+      "self-attention": "셀프 어텐션", "class-attention": "클래스 어텐션", "cross-attention": "크로스 어텐션",
+      "re-attention": "재어텐션", "talking heads": "토킹 헤드", "before mixing": "섞기 전",
+      "after mixing": "섞은 뒤", "rollout": "롤아웃", "input": "입력",
+      "self": "셀프", "class": "클래스", "cross": "크로스", "mixed": "섞임",
+    },
+    zh: {
+      "layer": "层", "head": "头", "mean": "平均",
+      "query patch": "查询图像块", "its attention over the keys": "对键的注意力", "step": "步骤",
+      "self-attention": "自注意力", "class-attention": "类注意力", "cross-attention": "交叉注意力",
+      "re-attention": "重注意力", "talking heads": "talking heads", "before mixing": "混合前",
+      "after mixing": "混合后", "rollout": "展开", "input": "输入",
+      "self": "自", "class": "类", "cross": "交叉", "mixed": "混合",
+    },
   };
-  const words = WORDS[(document.documentElement.lang || "en").slice(0, 2)] || {};
-  const say = (text) => words[text] || text;
+  const words = WORDS[(document.documentElement.lang || "en").slice(0, 2).toLowerCase()] || {};
+  const word = (part) => {
+    const core = part.trim();
+    return core in words ? part.replace(core, words[core]) : part;
+  };
+  // "blocks.1.attn · self-attention", "blocks.1.attn (self, after mixing)", "layer "
+  const say = (text) => text.split(/( · |, |\(|\))/).map(word).join("");
 
   function translate(spec) {
-    // titles and the names and option labels of the bound controls
+    // titles, and the names and option labels of the bound controls
     if (Array.isArray(spec)) return spec.map(translate);
     if (spec === null || typeof spec !== "object") return spec;
     const out = {};
     for (const [key, value] of Object.entries(spec)) {
-      if (key === "values") out[key] = value;  // data: left as it is
-      else if ((key === "title" || key === "name") && typeof value === "string") out[key] = say(value);
+      if (key === "values" || key === "datasets" || key === "description") out[key] = value;  // data; alt text (done by the build)
+      else if (key === "title" && typeof value === "string") out[key] = say(value);
+      else if (key === "name" && typeof value === "string" && "input" in spec) out[key] = say(value);  // a binding's label
       else if (key === "labels" && Array.isArray(value)) out[key] = value.map(say);
       else out[key] = translate(value);
     }
@@ -32,15 +53,24 @@
   document.querySelectorAll("div.vitlab-vega").forEach((box, index) => {
     const data = box.querySelector('script[type="application/json"]');
     const still = box.querySelector("img");
-    if (!data || !window.vegaEmbed) return;
+    if (!data || !window.vegaEmbed) return;  // the still stays
     const target = document.createElement("div");
     target.className = "vitlab-vega-live";
     box.appendChild(target);
+    // Out of the page at once (not when the chart is drawn), so the page a reader or a test
+    // sees after loading has the live chart only; it comes back if drawing fails.
+    if (still) still.remove();
     const spec = translate(JSON.parse(data.textContent));
-    // logLevel Error: vega 6.3.0's bundle calls itself 5.33.1, and vega-embed warns about it.
-    window.vitlabViews[index] = vegaEmbed(target, spec, {actions: false, renderer: "svg", logLevel: vega.Error}).then((result) => {
-      if (still) still.remove();
-      return result.view;
-    });
+    // logLevel Error: the specs are Vega-Lite 5 (what JupyterLab draws) and vega-embed warns that
+    // this is 6; vega 6.3.0's bundle also calls itself 5.33.1.
+    const options = {actions: false, renderer: "svg", logLevel: vega.Error};
+    window.vitlabViews[index] = vegaEmbed(target, spec, options).then(
+      (result) => result.view,
+      (error) => {
+        target.remove();
+        if (still) box.prepend(still);
+        throw error;
+      },
+    );
   });
 })();

@@ -1,0 +1,318 @@
+"""The attention explorers of the built book, used in a real browser, offline.
+
+Each chapter's explorer (vitlab.explorer; drawn by Vega from the book's own files,
+book/_ext/vega_figures.py and book/_static/vitlab_vega.js) is opened in Debian's Chromium at a
+laptop's and a phone's width: in English in every chapter that has one, in Korean and Chinese
+in the first. The reader points at one patch with the mouse (a tap on the phone) and at others
+with the keyboard (the slider's arrow keys), and picks a head from its menu with the keyboard;
+each time, the chart must show that token's row of the attention map: read from the Vega
+view's own state (window.vitlabViews, the scene graph's items), compared with the rows in the
+figure's data, not from pixels. The figure must also be axe-clean (WCAG 2.1 A/AA), log no
+error, ask no other host for anything, keep its text alternative, fit a phone's width, and in
+the translated editions label its controls in the page's language. Screenshots of each figure
+are saved in _build/screenshots/explorer/ (look at them after a change to the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from book_browser import SCREENSHOTS, axe, chromium, is_local, serve
+
+from conftest import ROOT, toc_files
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
+pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+pytestmark = pytest.mark.slow
+
+WIDTHS = {"laptop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}  # in this order
+VEGA_MIME = re.compile(r"application/vnd\.vegalite\.v\d+\+json")
+CJK = re.compile("[\\u1100-\\u11ff\\u3130-\\u318f\\uac00-\\ud7af\\u4e00-\\u9fff]")
+
+
+def figures_in(notebook: Path) -> tuple[int, int]:
+    """How many interactive figures a chapter's stored outputs hold (a Vega-Lite spec, or the
+    HTML that holds one), and how many of them are attention explorers (a "patch" parameter)."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    figures = explorers = 0
+    for data in (output.get("data", {}) for cell in cells for output in cell.get("outputs", [])):
+        spec = next((value for mime, value in data.items() if VEGA_MIME.fullmatch(mime)), None)
+        if spec is not None or 'class="vitlab-vega"' in "".join(data.get("text/html", "")):
+            figures += 1
+            explorers += spec is None or any(param.get("name") == "patch" for param in spec.get("params", []))
+    return figures, explorers
+
+
+# chapter -> (its figures, its explorers)
+FIGURES = {page: figures_in(ROOT / f"{page}.ipynb") for page in toc_files() if page.startswith("notebooks/")}
+CHAPTERS = {page: figures for page, (figures, _) in FIGURES.items() if figures}
+# Every chapter in English; the first with an explorer in Korean and Chinese. axe-core (about
+# 2 s a page) runs on the figures of that chapter in each edition: the others are the same
+# markup with other data, and test_browser.py runs it over every whole page.
+FIRST = next((page for page, (_, explorers) in FIGURES.items() if explorers), "")
+CASES = [("en", page) for page in CHAPTERS] + [("ko", FIRST), ("zh", FIRST)]
+
+
+@pytest.fixture(scope="module")
+def site(html: Path) -> Iterator[str]:
+    with serve(html) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as opened:
+        yield opened
+
+
+# The state of figure `index`: its controls' signals, the slider, and the items the "keys"
+# mark draws (one per key of the row shown: its datum is that row's l, h, q and one value v).
+STATE = """async (index) => {
+    const view = await window.vitlabViews[index];
+    await view.runAsync();
+    const marks = [];
+    const walk = (node) => {
+        if (node.marktype && node.name) marks.push(node);
+        (node.items || []).forEach((item) => (item.items || []).forEach(walk));
+    };
+    walk(view.scenegraph().root);
+    const keys = marks.find((m) => m.name === "keys_marks");
+    const box = document.querySelectorAll("div.vitlab-vega")[index];
+    const slider = box.querySelector("input[type=range]");
+    return {
+        patch: view.signal("patch_p"), layer: view.signal("layer"), head: view.signal("head"),
+        slider: Number(slider.value), patches: Number(slider.max) + 1,
+        shown: keys.items.map((i) => ({l: i.datum.l, h: i.datum.h, n: i.datum.n, q: i.datum.q, k: i.datum.k,
+                                      v: i.datum.v, qs: i.datum.qs, qe: i.datum.qe})),
+    };
+}"""
+
+# The attention rows of figure `index`, from the spec in the page (its datasets or inline data).
+ROWS = """(index) => {
+    const box = document.querySelectorAll("div.vitlab-vega")[index];
+    const spec = JSON.parse(box.querySelector('script[type="application/json"]').textContent);
+    const found = [];
+    const walk = (node) => {
+        if (Array.isArray(node)) {
+            const first = node.length ? node[0] : null;
+            if (first && typeof first === "object" && "q" in first && "v" in first) found.push(...node);
+            else node.forEach(walk);
+        } else if (node && typeof node === "object") Object.values(node).forEach(walk);
+    };
+    walk(spec);
+    return found.map((r) => ({key: [r.l, r.h, r.q].join(","), v: r.v}));
+}"""
+
+# The centre (page coordinates, scrolled into view) of the patch `p` a reader can click.
+PATCH = """([index, p]) => {
+    const box = document.querySelectorAll("div.vitlab-vega")[index];
+    const group = box.querySelector("svg g.role-mark[class*='patches']");
+    const view = window.vitlabViewsResolved[index];
+    const marks = [];
+    const walk = (node) => {
+        if (node.marktype && node.name) marks.push(node);
+        (node.items || []).forEach((item) => (item.items || []).forEach(walk));
+    };
+    walk(view.scenegraph().root);
+    const mark = marks.find((m) => /^patches.*_marks$/.test(m.name));
+    const at = mark.items.findIndex((item) => item.datum.p === p);
+    const shape = group.children[at];
+    shape.scrollIntoView({block: "center"});
+    const r = shape.getBoundingClientRect();
+    return {x: r.left + r.width / 2, y: r.top + r.height / 2};
+}"""
+
+# What a reader without sight or without the chart gets, and whether it fits the column.
+LOOK = """(index) => {
+    const box = document.querySelectorAll("div.vitlab-vega")[index];
+    const chart = box.querySelector("[role=graphics-document]");
+    const svg = box.querySelector("svg").getBoundingClientRect();
+    const column = box.closest("article, main, body").getBoundingClientRect();
+    return {
+        still: box.querySelectorAll("img").length,
+        label: chart ? chart.getAttribute("aria-label") : null,
+        labels: [...box.querySelectorAll(".vega-bind-name")].map((e) => e.textContent),
+        titles: [...box.querySelectorAll("svg .role-title-text")].map((e) => e.textContent),
+        fits: svg.right <= column.right + 1 && svg.left >= column.left - 1,
+        page_scrolls: document.documentElement.scrollWidth > window.innerWidth + 1,
+    };
+}"""
+
+
+def token_row(p: int, side: int, qs: int, qe: int) -> int:
+    """The query token whose patch covers patch ``p`` of the figure's ``side`` x ``side`` grid,
+    in a layer whose queries are ``qe`` extra tokens then a ``qs`` x ``qs`` grid (p = -1: the first
+    extra token, [cls]). A layer with a single query (class-attention) always shows it."""
+    if qs * qs + qe == 1:
+        return 0
+    if p < 0:
+        return 0 if qe > 0 else -1
+    r, c = divmod(p, side)
+    return qe + (r * qs // side) * qs + c * qs // side
+
+
+def check_row(state: dict[str, Any], rows: dict[str, list[float]], p: int, how: str) -> None:
+    """The chart shows the row of the token at patch ``p``, for the chosen layer and head."""
+    assert state["patch"] == p, f"{how}: the figure's patch is {state['patch']}, not {p}"
+    assert state["slider"] == p, f"{how}: the slider shows {state['slider']}, not patch {p}"
+    shown = sorted(state["shown"], key=lambda item: item["k"])
+    assert shown, f"{how}: patch {p} shows no attention"
+    first = shown[0]
+    side = math.isqrt(state["patches"])
+    q = token_row(p, side, first["qs"], first["qe"])
+    assert {(i["l"], i["h"], i["q"]) for i in shown} == {(state["layer"], first["h"], q)}, (
+        f"{how}: patch {p} shows rows {sorted({(i['l'], i['h'], i['q']) for i in shown})}, "
+        f"not layer {state['layer']}'s query {q}"
+    )
+    assert first["h"] == state["head"] or first["n"] == 1, f"{how}: head {first['h']} shown, {state['head']} chosen"
+    assert [i["v"] for i in shown] == rows[f"{state['layer']},{first['h']},{q}"], (
+        f"{how}: the values shown for patch {p} are not row {q} of the attention map"
+    )
+
+
+def open_page(browser: Browser, url: str) -> tuple[Any, Page, dict[str, list[str]]]:
+    """A fresh context (a touch screen as well as a mouse), the page loaded at a laptop's width
+    with its figures drawn, and what goes wrong on it (errors, failed loads, other hosts)."""
+    problems: dict[str, list[str]] = {"errors": [], "external": [], "failed": []}
+    context = browser.new_context(viewport=WIDTHS["laptop"], has_touch=True)
+
+    def block(route: Any) -> None:
+        problems["external"].append(route.request.url)
+        route.abort()
+
+    context.route(lambda url: not is_local(url), block)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and problems["errors"].append(f"console: {m.text}"))
+    page.on("pageerror", lambda error: problems["errors"].append(f"uncaught: {error}"))
+    page.on("requestfailed", lambda r: is_local(r.url) and problems["failed"].append(f"{r.url}: {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and problems["failed"].append(f"{r.url}: HTTP {r.status}"))
+    page.goto(url, wait_until="load")
+    page.evaluate("async () => { window.vitlabViewsResolved = await Promise.all(window.vitlabViews || []); }")
+    return context, page, problems
+
+
+def point_and_press(page: Page, index: int, width: str) -> None:
+    """Explorer ``index``: a patch by the mouse (a tap on the phone), others by the keyboard."""
+    rows = {row["key"]: row["v"] for row in page.evaluate(ROWS, index)}
+    side = math.isqrt(page.evaluate(STATE, index)["patches"])
+    # The laptop's mouse: row 1, column 1 (one before the last on a 2 x 2 grid), so that the arrow
+    # keys have a patch on either side; the phone's tap: the first patch (the keys left 1).
+    clicked = min(side + 1, side * side - 2) if width == "laptop" else 0
+    point = page.evaluate(PATCH, [index, clicked])
+    if width == "phone":
+        page.touchscreen.tap(point["x"], point["y"])
+    else:
+        page.mouse.click(point["x"], point["y"])
+    check_row(page.evaluate(STATE, index), rows, clicked, f"{width}: a {'tap' if width == 'phone' else 'click'}")
+    if width == "phone":
+        return
+    # Tab reaches the slider (Shift+Tab from the next control), its arrow keys move the patch.
+    box = page.locator("div.vitlab-vega").nth(index)
+    slider = box.locator("input[type=range]")
+    slider.focus()
+    page.keyboard.press("Tab")
+    page.keyboard.press("Shift+Tab")
+    assert slider.evaluate("(e) => e === document.activeElement"), "Shift+Tab does not come back to the slider"
+    page.keyboard.press("ArrowRight")
+    check_row(page.evaluate(STATE, index), rows, clicked + 1, "ArrowRight")
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")
+    check_row(page.evaluate(STATE, index), rows, clicked - 1, "ArrowLeft twice")
+    # A menu, by the keyboard: the head after the current one (the mean is first).
+    heads = box.locator("select[name=head]")
+    if heads.locator("option").count() > 1:
+        before = page.evaluate(STATE, index)["head"]
+        heads.focus()
+        page.keyboard.press("ArrowDown")
+        after = page.evaluate(STATE, index)
+        assert after["head"] != before, "ArrowDown on the head menu did not change the head"
+        check_row(after, rows, clicked - 1, "the head menu")
+
+
+def step_by_keyboard(page: Page, index: int) -> None:
+    """Another figure (the shape stepper): its slider's ArrowRight moves its signal one step."""
+    slider = page.locator("div.vitlab-vega").nth(index).locator("input[type=range]").first
+    name, before = slider.get_attribute("name"), float(slider.input_value())
+    slider.focus()
+    page.keyboard.press("ArrowRight")
+    now = page.evaluate("async ([i, n]) => { const v = window.vitlabViewsResolved[i]; await v.runAsync(); "
+                        "return v.signal(n); }", [index, name])  # fmt: skip
+    assert now == before + 1, f"ArrowRight moved {name} from {before} to {now}"
+
+
+@pytest.mark.parametrize(("edition", "chapter"), CASES)
+def test_explorer(browser: Browser, site: str, edition: str, chapter: str) -> None:
+    """At 1280 px, then at 390 px (the same page, resized): point, press, look; axe once."""
+    folder = "" if edition == "en" else f"{edition}/"
+    context, page, problems = open_page(browser, f"{site}{folder}{chapter}.html")
+    try:
+        count = page.evaluate("() => window.vitlabViewsResolved.length")
+        assert count == CHAPTERS[chapter], f"{chapter}: {count} live figures, its notebook has {CHAPTERS[chapter]}"
+        explorers = page.evaluate("() => window.vitlabViewsResolved.map((v) => 'patch_p' in v.getState().signals)")
+        violations = axe(page, "div.vitlab-vega") if edition != "en" or chapter == FIRST else []
+        assert not violations, "the figures have accessibility violations:\n" + "\n".join(violations)
+        for width in WIDTHS:
+            page.set_viewport_size(WIDTHS[width])
+            for index in range(count):
+                if explorers[index]:
+                    point_and_press(page, index, width)
+                elif width == "laptop":
+                    step_by_keyboard(page, index)
+                look = page.evaluate(LOOK, index)
+                assert look["still"] == 0, "the still image is still shown beside the live chart"
+                assert look["label"], "the live chart has no text alternative (its aria-label)"
+                assert look["fits"] and not look["page_scrolls"], f"the figure is wider than the page at {width}"
+                if edition != "en":
+                    untranslated = [t for t in look["labels"] + look["titles"] if not CJK.search(t)]
+                    assert not untranslated, f"labels not in the page's language: {untranslated}"
+                page.locator("div.vitlab-vega").nth(index).scroll_into_view_if_needed()
+                (SCREENSHOTS / "explorer").mkdir(parents=True, exist_ok=True)
+                name = f"{edition}_{chapter.split('/')[-1]}_{index}_{width}.png"
+                page.screenshot(path=SCREENSHOTS / "explorer" / name)
+    finally:
+        context.close()
+    assert not problems["errors"], "\n".join(problems["errors"])
+    assert not problems["failed"], "\n".join(problems["failed"])
+    assert not problems["external"], "requests to other hosts:\n" + "\n".join(problems["external"])
+
+
+@pytest.mark.parametrize("edition", ["en", "ko", "zh"])
+def test_without_javascript_the_still_and_its_alt_text(browser: Browser, site: str, edition: str) -> None:
+    """A reader without JavaScript gets each figure's still image and its text alternative."""
+    folder = "" if edition == "en" else f"{edition}/"
+    context = browser.new_context(viewport=WIDTHS["phone"], java_script_enabled=False)
+    try:
+        page = context.new_page()
+        page.goto(f"{site}{folder}{FIRST}.html", wait_until="load")
+        stills = page.locator("div.vitlab-vega img")
+        stills.last.scroll_into_view_if_needed()
+        page.wait_for_function("() => [...document.querySelectorAll('div.vitlab-vega img')].every((i) => i.complete)")
+        seen = stills.evaluate_all(
+            """(images) => images.map((i) => ({alt: i.alt, width: i.naturalWidth, shown: i.clientWidth,
+                                                column: i.closest("article").clientWidth}))"""
+        )
+    finally:
+        context.close()
+    assert len(seen) == CHAPTERS[FIRST], f"{FIRST}: {len(seen)} stills for {CHAPTERS[FIRST]} figures"
+    for image in seen:
+        assert image["width"] > 0 and image["alt"].strip(), f"a still that did not load, or has no alt text: {image}"
+        assert image["shown"] <= image["column"], f"a still wider than a phone's column: {image}"
+
+
+def test_every_page_with_a_figure_is_tested(html: Path) -> None:
+    """A figure the book shows, wherever it is, is one of the cases above (found from the notebooks)."""
+    pages = {
+        str(path.relative_to(html).with_suffix(""))
+        for path in html.glob("**/*.html")
+        if 'class="vitlab-vega"' in path.read_text(encoding="utf-8") and not path.is_relative_to(html / "_sources")
+    }
+    english = {page for page in pages if not page.startswith(("ko/", "zh/"))}
+    assert english == set(CHAPTERS), f"pages with figures {sorted(english)}, tested {sorted(CHAPTERS)}"
