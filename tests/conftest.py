@@ -42,6 +42,7 @@ XDIST_GROUPS = {
     "test_book.py": "book",
     "test_browser.py": "book",
     "test_quiz.py": "book",
+    "test_browser_explorer.py": "book",
     "test_assignments.py": "kernels",
     "test_grading_attacks.py": "kernels",
     "test_isolation.py": "kernels",
