@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import shutil
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import urlopen
 
 import pytest
+from book_browser import AXE, AXE_TAGS, SCREENSHOTS, chromium, is_local, serve
 
 from conftest import ROOT, toc_files
 
@@ -43,16 +41,7 @@ pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, bu
 # modules run in one worker (conftest.XDIST_GROUPS), so the book is built once there too.
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path(os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium"))
-# Flags that work on a machine with no network: without the background-networking ones,
-# Chromium keeps trying to reach Google's hosts. Playwright adds a fresh --user-data-dir.
-FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 COLAB = "https://colab.research.google.com/github/vitlab-course/vit-lab/blob/main/"
-SCREENSHOTS = ROOT / "_build" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 900}
 
 PAGES = toc_files()
@@ -142,49 +131,17 @@ MIN_FIGURE_SCALE = 0.70  # no figure shown below 70 % of its intended size at 12
 NOISE_ALT = ("../_images/", ".png", ".jpg", ".svg")
 
 
-def _unavailable(reason: str) -> None:
-    """Skip, saying why; CI (VITLAB_REQUIRE_BROWSER=1) fails instead, so the tests cannot silently vanish."""
-    if os.environ.get("VITLAB_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{reason}, and VITLAB_REQUIRE_BROWSER=1 requires the browser tests", pytrace=False)
-    pytest.skip(reason)
-
-
-def _is_local(url: str) -> bool:
-    parts = urlsplit(url)
-    return parts.scheme not in ("http", "https") or parts.hostname in LOCAL_HOSTS
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-        pass
-
-
 @pytest.fixture(scope="module")
 def site(html: Path) -> Iterator[str]:
     """The built book served on 127.0.0.1 (a free port) for the module; its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve(html) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        _unavailable(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set VITLAB_CHROMIUM)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("playwright is not installed (pip install -r requirements-dev.txt)")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        yield browser
-        browser.close()
+    with chromium() as opened:
+        yield opened
 
 
 @dataclass
@@ -218,10 +175,10 @@ def visit(
         route.abort()
 
     def on_failed(request: Any) -> None:
-        if _is_local(request.url):
+        if is_local(request.url):
             result.failed.append(f"{request.url}: {request.failure}")
 
-    context.route(lambda url: not _is_local(url), block)
+    context.route(lambda url: not is_local(url), block)
     page = context.new_page()
     page.on("console", lambda m: m.type == "error" and result.errors.append(f"console: {m.text} ({m.location['url']})"))
     page.on("pageerror", lambda error: result.errors.append(f"uncaught: {error}"))
@@ -471,8 +428,6 @@ def test_figures_have_alt_text_and_are_not_shrunk(layouts: Callable[[str, str], 
 
 # --- Accessibility: axe-core (WCAG 2.1 A and AA) over every page ---------------------------
 
-AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
-AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 # Violations that come from the theme or from Sphinx, not from the course's pages: (rule id,
 # a fragment of the offending node's selector or markup). Each appears on every page, the
 # ones with no course content included, and none can be changed from the book's sources.

@@ -9,18 +9,14 @@ answered wrong and then right, by mouse and by keyboard, at laptop and phone wid
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
+from book_browser import SCREENSHOTS, axe, chromium, is_local, serve
 
 from conftest import ROOT, toc_files
 
@@ -152,13 +148,9 @@ def test_each_question_option_and_explanation_is_a_message(tmp_path: Path) -> No
 
 # --- In a browser: one chapter per edition, wrong then right ------------------------------------
 
-CHROMIUM = Path(os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium"))
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
-SCREENSHOTS = ROOT / "_build" / "screenshots"
 PAGE = "notebooks/14_speed_memory"  # the lightest chapter page, so the test stays short
 EDITIONS = {"en": "", "ko": "ko/", "zh_CN": "zh/"}
 WIDTHS = {"laptop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}
-AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 
 # The state a reader sees after pressing Check, read from the DOM.
 FEEDBACK = """(question) => {
@@ -174,34 +166,16 @@ FEEDBACK = """(question) => {
 }"""
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
-        pass
-
-
 @pytest.fixture(scope="module")
 def quiz_site(html: Path) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(html) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    if not CHROMIUM.exists() or not AXE.exists():
-        reason = f"no Chromium at {CHROMIUM} or no {AXE.relative_to(ROOT)} (make mathjax)"
-        if os.environ.get("VITLAB_REQUIRE_BROWSER") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        yield browser
-        browser.close()
+def browser() -> Iterator[Any]:
+    with chromium() as opened:
+        yield opened
 
 
 def _answer(page: Any, question: Any, option: int, *, keyboard: bool) -> dict[str, Any]:
@@ -254,11 +228,11 @@ def _wrong_then_right(page: Any, question: Any, labels: dict[str, str], *, keybo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("language", EDITIONS)
-def test_quiz_answered_wrong_then_right(chromium: Any, quiz_site: str, language: str) -> None:
+def test_quiz_answered_wrong_then_right(browser: Any, quiz_site: str, language: str) -> None:
     """At laptop width the first question is answered by keyboard, then at phone width the
     second by touch (the same page, resized); axe checks the answered quiz once, in English."""
     labels = LABELS[language]
-    context = chromium.new_context(viewport=WIDTHS["laptop"])
+    context = browser.new_context(viewport=WIDTHS["laptop"])
     errors: list[str] = []
     external: list[str] = []
 
@@ -266,7 +240,7 @@ def test_quiz_answered_wrong_then_right(chromium: Any, quiz_site: str, language:
         external.append(route.request.url)
         route.abort()
 
-    context.route(lambda url: urlsplit(url).hostname not in (None, "127.0.0.1"), block)
+    context.route(lambda url: not is_local(url), block)
     page = context.new_page()
     page.on("console", lambda m: m.type == "error" and errors.append(m.text))
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -281,12 +255,7 @@ def test_quiz_answered_wrong_then_right(chromium: Any, quiz_site: str, language:
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             questions.nth(number).screenshot(path=SCREENSHOTS / f"quiz_{language}_{width}.png")
         if language == "en":
-            page.add_script_tag(path=str(AXE))
-            violations = page.evaluate(
-                """async (tags) => (await axe.run(".vl-quiz", {runOnly: {type: "tag", values: tags}}))
-                    .violations.map((v) => v.id + ": " + v.nodes.map((n) => n.target.join(" ")).join(", "))""",
-                ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"],
-            )
+            violations = axe(page, ".vl-quiz")
             assert not violations, f"the answered quiz has accessibility violations: {violations}"
     finally:
         context.close()

@@ -11,7 +11,7 @@
   const WORDS = {
     ko: {
       "layer": "층", "head": "헤드", "mean": "평균",
-      "query patch": "질의 패치", "its attention over the keys": "키에 대한 어텐션", "step": "단계",
+      "query patch": "쿼리 패치", "its attention over the keys": "키에 대한 어텐션", "step": "단계",
       "self-attention": "셀프 어텐션", "class-attention": "클래스 어텐션", "cross-attention": "크로스 어텐션",
       "re-attention": "재어텐션", "talking heads": "토킹 헤드", "before mixing": "섞기 전",
       "after mixing": "섞은 뒤", "rollout": "롤아웃", "input": "입력",
