@@ -79,7 +79,8 @@ test-fast: $(STAMP)
 	$(PY) -m pytest $(XDIST) tests -m "not slow"
 
 # CI has no GPU: run this by hand on a CUDA machine. The stored outputs are
-# device-independent, so the same notebooks must pass there too.
+# device-independent, so the same notebooks must pass there too, with the torch version
+# that made them (README: another version draws other random initial weights).
 test-gpu: $(STAMP)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU, and torch.cuda.is_available() is False here')"
 	$(PY) -m pytest notebooks $(NBVAL)

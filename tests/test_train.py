@@ -356,7 +356,8 @@ def test_torchrun_with_two_processes_matches_one_process_with_the_same_global_ba
 
     options = ["--epochs", "2", "--embed-dim", "32", "--depth", "2", "--train-size", "512"]
     torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    # On the CPU with gloo on any machine: with one GPU, a second process would find no GPU of its own.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "CUDA_VISIBLE_DEVICES": ""}
     script = Path(__file__).parents[1] / "benchmarks" / "train_ddp.py"
     run = subprocess.run(
         [str(torchrun), "--nproc_per_node", "2", str(script), *options, "--batch-size", "32"]
