@@ -243,15 +243,29 @@ def point_and_press(page: Page, index: int, width: str) -> None:
         check_row(after, rows, clicked - 1, "the head menu")
 
 
-def step_by_keyboard(page: Page, index: int) -> None:
-    """Another figure (the shape stepper): its slider's ArrowRight moves its signal one step."""
-    slider = page.locator("div.vitlab-vega").nth(index).locator("input[type=range]").first
-    name, before = slider.get_attribute("name"), float(slider.input_value())
+def step(page: Page, index: int) -> None:
+    """Another figure (the shape stepper): ArrowRight on its slider, then its next and previous
+    buttons (by the keyboard too), each move its step by one; the marked row follows."""
+    box = page.locator("div.vitlab-vega").nth(index)
+    slider = box.locator("input[type=range]").first
+    name, start = slider.get_attribute("name"), float(slider.input_value())
+    previous, following = box.locator(".vitlab-step-buttons button").all()
+
+    def now() -> tuple[float, float]:
+        """The slider's signal, and the step the chart marks (its selection's stored row)."""
+        return tuple(page.evaluate(
+            "async ([i, n]) => { const v = window.vitlabViewsResolved[i]; await v.runAsync(); "
+            "return [v.signal(n), v.data('step_store')[0].values[0]]; }", [index, name]))  # fmt: skip
+
     slider.focus()
     page.keyboard.press("ArrowRight")
-    now = page.evaluate("async ([i, n]) => { const v = window.vitlabViewsResolved[i]; await v.runAsync(); "
-                        "return v.signal(n); }", [index, name])  # fmt: skip
-    assert now == before + 1, f"ArrowRight moved {name} from {before} to {now}"
+    assert now() == (start + 1, start + 1), f"ArrowRight: {name} from {start} to {now()}"
+    following.click()
+    assert now() == (start + 2, start + 2), f"the next button: {name} from {start} to {now()}"
+    previous.focus()
+    page.keyboard.press("Enter")
+    assert now() == (start + 1, start + 1), f"the previous button, by the keyboard: {name} at {now()}"
+    assert float(slider.input_value()) == start + 1, "the slider did not follow the buttons"
 
 
 @pytest.mark.parametrize(("edition", "chapter"), CASES)
@@ -275,7 +289,7 @@ def test_explorer(browser: Browser, site: str, edition: str, chapter: str) -> No
                 if explorers[index]:
                     point_and_press(page, index, width)
                 elif width == "laptop":
-                    step_by_keyboard(page, index)
+                    step(page, index)
                 look = page.evaluate(LOOK, index)
                 assert look["still"] == 0, "the still image is still shown beside the live chart"
                 assert look["label"], "the live chart has no text alternative (its aria-label)"

@@ -52,6 +52,12 @@ def test_a_changed_span_is_named(translated: str, lost: str) -> None:
     assert [p.split(":")[0] for p in problems] == [lost], problems
 
 
+def test_the_words_of_a_formula_may_be_translated_and_nothing_else() -> None:
+    english = "The index is $100 \\cdot \\text{channel} + \\text{row}$."
+    assert translations.span_problems(english, "색인은 $100 \\cdot \\text{채널} + \\text{행}$입니다.") == []
+    assert translations.span_problems(english, "색인은 $10 \\cdot \\text{채널} + \\text{행}$입니다.") != []
+
+
 def test_a_term_keeps_its_english_target() -> None:
     english = "Each {term}`attention map` is a distribution."
     assert translations.span_problems(english, "각 {term}`어텐션 맵 <attention map>`은 분포입니다.") == []
@@ -268,35 +274,46 @@ def test_one_english_message_has_one_translation(language: str) -> None:
     assert not split, f"{len(split)} English messages have several {language} translations:\n" + "\n".join(report[:20])
 
 
-# Numbers as Korean writes them: 만 and 억 for large counts (2,894만, 980만), not the English
-# 28.9M, "million" or 28,940,000 (a round number of five digits or more). Exact counts
-# (86,567,656) and sums written out (… + 769,000 = …) keep their digits; 수백만 is Korean.
-_KO_ENGLISH_NUMBERS = re.compile(
-    r"(?<![A-Za-z0-9_.\-])\d+(?:\.\d+)? ?[MB](?![A-Za-z0-9_\-])"  # 28.9M, 9.4B (not JFT-300M)
-    r"|(?<!수)백만|십억|\b(?:million|billion)\b"
-    r"|(?<![\d,.])(?<![+=·×] )(?:\d{2,3}|\d{1,3}(?:,\d{3})+),000(?![\d,])(?! ?[+=·×만억])"
-)
+# Numbers as Korean and Chinese write them: 만/万 and 억/亿 for large counts (2,894만, 8,600 万),
+# not the English 28.9M, "million" or 28,940,000 (a round number of five digits or more).
+# Exact counts (86,567,656) and sums written out (… + 769,000 = …) keep their digits; 수백만
+# and 数百万 are words of the language, and so is 百万 as the name of torchinfo's unit.
+_ENGLISH_NUMBERS = {
+    "ko": re.compile(
+        r"(?<![A-Za-z0-9_.\-])\d+(?:\.\d+)? ?[MB](?![A-Za-z0-9_\-])"  # 28.9M, 9.4B (not JFT-300M)
+        r"|(?<!수)백만|십억|\b(?:million|billion)\b"
+        r"|(?<![\d,.])(?<![+=·×] )(?:\d{2,3}|\d{1,3}(?:,\d{3})+),000(?![\d,])(?! ?[+=·×만억])"
+    ),
+    "zh_CN": re.compile(
+        r"(?<![A-Za-z0-9_.\-])\d+(?:\.\d+)? ?[MB](?![A-Za-z0-9_\-])"
+        r"|(?<![数几是为])百万|十亿|\b(?:million|billion)\b"
+        r"|(?<![\d,.])(?<![+=·×] )(?:\d{2,3}|\d{1,3}(?:,\d{3})+),000(?![\d,])(?! ?[+=·×万亿])"
+    ),
+}
+NUMBER_EXAMPLES = {
+    "ko": (
+        ("파라미터 28.9M개", "28,940,000회", "0.59백만", "이미지 50,000장", "9.4B FLOPs"),
+        ("2,894만 회", "파라미터 86,567,656개", "1,536 + 769,000 = 86,567,656", "JFT-300M", "수백만 개", "2,000장"),
+    ),
+    "zh_CN": (
+        ("参数 28.9M", "28,940,000 次", "0.59 百万", "50,000 张图像", "9.4B FLOPs"),
+        ("2,894 万次", "86,567,656 个参数", "1,536 + 769,000 = 86,567,656", "JFT-300M", "数百万个", "单位为百万"),
+    ),
+}
 
 
-def test_large_numbers_are_written_the_korean_way() -> None:
-    for wrong in ("파라미터 28.9M개", "28,940,000회", "0.59백만", "이미지 50,000장", "9.4B FLOPs"):
-        assert _KO_ENGLISH_NUMBERS.search(wrong), wrong
-    for right in (
-        "2,894만 회",
-        "파라미터 86,567,656개",
-        "1,536 + 769,000 = 86,567,656",
-        "JFT-300M",
-        "수백만 개",
-        "2,000장",
-    ):
-        assert not _KO_ENGLISH_NUMBERS.search(right), right
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_large_numbers_are_written_the_languages_way(language: str) -> None:
+    pattern, (wrongs, rights) = _ENGLISH_NUMBERS[language], NUMBER_EXAMPLES[language]
+    for wrong in wrongs:
+        assert pattern.search(wrong), wrong
+    for right in rights:
+        assert not pattern.search(right), right
     problems = []
-    for path in translations.catalogues("ko"):
+    for path in translations.catalogues(language):
         for entry in polib.pofile(str(path)):
             if not entry.msgstr or "fuzzy" in entry.flags:
                 continue
             prose = re.sub(r"https?://\S+", " ", translations.spans(entry.msgstr).prose)
-            problems += [
-                f"{path.name}: {m.group(0)!r} in {entry.msgstr[:60]!r}" for m in _KO_ENGLISH_NUMBERS.finditer(prose)
-            ]
+            problems += [f"{path.name}: {m.group(0)!r} in {entry.msgstr[:60]!r}" for m in pattern.finditer(prose)]
     assert not problems, "\n".join(problems[:20])

@@ -45,6 +45,8 @@ _TARGET = re.compile(r"<([^<>]+)>\s*$")
 _CODE = re.compile(r"(`+)(.+?)\1", re.S)
 _DISPLAY_MATH = re.compile(r"\$\$.+?\$\$", re.S)
 _INLINE_MATH = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
+# Words in a formula (\text{row}) are prose: a translation may change them, nothing else.
+_MATH_TEXT = re.compile(r"\\text\{[^{}]*\}")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _AUTOLINK = re.compile(r"<(https?://[^>]+)>")
 # Roles whose text is shown to the reader, so a translation may change it; only the target
@@ -71,9 +73,9 @@ def spans(text: str) -> Spans:
     rest = _ROLE.sub(" ", text)
     code = Counter(m.group(2) for m in _CODE.finditer(rest))
     rest = _CODE.sub(" ", rest)
-    math = Counter(m.group(0) for m in _DISPLAY_MATH.finditer(rest))
+    math = Counter(_MATH_TEXT.sub(r"\\text{}", m.group(0)) for m in _DISPLAY_MATH.finditer(rest))
     rest = _DISPLAY_MATH.sub(" ", rest)
-    math.update(m.group(0) for m in _INLINE_MATH.finditer(rest))
+    math.update(_MATH_TEXT.sub(r"\\text{}", m.group(0)) for m in _INLINE_MATH.finditer(rest))
     links = Counter(_LINK.findall(rest)) + Counter(_AUTOLINK.findall(rest))
     return Spans(roles, code, math, links, _INLINE_MATH.sub(" ", rest))
 

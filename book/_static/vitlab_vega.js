@@ -12,6 +12,7 @@
     ko: {
       "layer": "층", "head": "헤드", "mean": "평균",
       "query patch": "쿼리 패치", "its attention over the keys": "키에 대한 어텐션", "step": "단계",
+      "previous step": "이전 단계", "next step": "다음 단계",
       "self-attention": "셀프 어텐션", "class-attention": "클래스 어텐션", "cross-attention": "크로스 어텐션",
       "re-attention": "재어텐션", "talking heads": "토킹 헤드", "before mixing": "섞기 전",
       "after mixing": "섞은 뒤", "rollout": "롤아웃", "input": "입력",
@@ -20,6 +21,7 @@
     zh: {
       "layer": "层", "head": "头", "mean": "平均",
       "query patch": "查询图像块", "its attention over the keys": "对键的注意力", "step": "步骤",
+      "previous step": "上一步", "next step": "下一步",
       "self-attention": "自注意力", "class-attention": "类注意力", "cross-attention": "交叉注意力",
       "re-attention": "重注意力", "talking heads": "talking heads", "before mixing": "混合前",
       "after mixing": "混合后", "rollout": "展开", "input": "输入",
@@ -49,6 +51,30 @@
     return out;
   }
 
+  // The shape stepper's buttons: each moves its "step" slider by one, as a drag or an arrow key
+  // on the slider does (the same input event, so Vega's own binding updates the chart).
+  function addStepButtons(target) {
+    const slider = target.querySelector('.vega-bind input[type="range"][name^="step"]');
+    if (!slider) return;
+    const move = (by) => {
+      const value = Math.min(Math.max(Number(slider.value) + by, Number(slider.min)), Number(slider.max));
+      slider.value = String(value);
+      slider.dispatchEvent(new Event("input", {bubbles: true}));
+    };
+    const row = document.createElement("div");
+    row.className = "vitlab-step-buttons";
+    for (const [text, label, by] of [["◀", "previous step", -1], ["▶", "next step", 1]]) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = text;
+      button.title = word(label);
+      button.setAttribute("aria-label", word(label));
+      button.addEventListener("click", () => move(by));
+      row.appendChild(button);
+    }
+    slider.closest(".vega-bind").appendChild(row);
+  }
+
   window.vitlabViews = [];
   document.querySelectorAll("div.vitlab-vega").forEach((box, index) => {
     const data = box.querySelector('script[type="application/json"]');
@@ -65,7 +91,10 @@
     // this is 6; vega 6.3.0's bundle also calls itself 5.33.1.
     const options = {actions: false, renderer: "svg", logLevel: vega.Error};
     window.vitlabViews[index] = vegaEmbed(target, spec, options).then(
-      (result) => result.view,
+      (result) => {
+        addStepButtons(target);
+        return result.view;
+      },
       (error) => {
         target.remove();
         if (still) box.prepend(still);
