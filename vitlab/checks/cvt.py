@@ -66,14 +66,11 @@ def squeezed_kv_projection(fn: Callable[..., Any]) -> CheckResult:
         cases.append(Case(label, (x, (H, W), weight, s)))
     wrongs = [
         KnownWrong(lambda *args: _squeeze(*args, naive_map=True), SCRAMBLING_RESHAPE),
-        KnownWrong(
-            lambda *args: _squeeze(*args, naive_tokens=True),
-            "the map was reshaped straight back to (B, N', C); flatten it with rearrange('B C H W -> B (H W) C')",
-        ),
-        KnownWrong(
-            lambda *args: _squeeze(*args, padding=0),
-            "the convolution is not padded; CvT pads by k // 2, so the stride alone sets the size",
-        ),
+        KnownWrong(lambda *args: _squeeze(*args, naive_tokens=True),
+                   "the map was reshaped straight back to (B, N', C); "
+                   "flatten it with rearrange('B C H W -> B (H W) C')"),
+        KnownWrong(lambda *args: _squeeze(*args, padding=0),
+                   "the convolution is not padded; CvT pads by k // 2, so the stride alone sets the size"),
         KnownWrong(lambda *args: _squeeze(*args, swapped_hw=True), SWAPPED_GRID),
         KnownWrong(lambda *args: _squeeze(*args, grid_w_h=True), GRID_W_H),
         KnownWrong(lambda *args: _squeeze(*args, padding=1), f"{HARD_CODED}: k // 2, k = weight.shape[-1]"),
@@ -81,7 +78,7 @@ def squeezed_kv_projection(fn: Callable[..., Any]) -> CheckResult:
             KnownWrong(lambda *args, mode=mode: _squeeze(*args, pad_mode=mode), message)
             for mode, message in PADDING.items()
         ),
-    ]
+    ]  # fmt: skip
     return run_check("squeezed_kv_projection", fn, cases, _squeeze, known_wrong=wrongs)
 
 
