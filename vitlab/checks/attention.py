@@ -10,8 +10,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import NAIVE_SOFTMAX, Case, CheckResult, KnownWrong, naive_softmax_of, randn, run_check, shape
-from vitlab.checks._slips import OVER_QUERIES, RESHAPED_WEIGHT, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
+from vitlab.checks._core import Case, CheckResult, KnownWrong, randn, run_check, shape
+from vitlab.checks._slips import (
+    NAIVE_SOFTMAX,
+    OVER_QUERIES,
+    RESHAPED_WEIGHT,
+    SCALED_AFTER,
+    TOTAL_WIDTH,
+    UNSCALED,
+    naive_softmax_of,
+    turned,
+)
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -10,17 +10,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.checks._core import (
+from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
+from vitlab.checks._slips import (
+    MERGED_BY_RESHAPE,
     NAIVE_SOFTMAX,
-    Case,
-    CheckResult,
-    KnownWrong,
-    generator,
+    OVER_QUERIES,
+    SCALED_AFTER,
+    TOTAL_WIDTH,
+    UNSCALED,
     naive_softmax_of,
-    run_check,
-    shape,
+    turned,
 )
-from vitlab.checks._slips import MERGED_BY_RESHAPE, OVER_QUERIES, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
 
 
 def _mix(attn: Tensor, theta: Tensor) -> Tensor:

@@ -15,7 +15,6 @@ from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_ch
 
 Logits = tuple[Tensor, Tensor, Tensor, Tensor]
 
-
 # Logits this large (in size) overflow exp in float32: exp(89) is inf.
 _OVERFLOW = 88.0
 
@@ -270,7 +269,6 @@ def _soft_from_probs(
 
 
 _SOFT_VARIANTS = ("cls_head", "reversed", "no_tau_squared", "batchmean")
-
 
 _probs_wrong = partial(_variant, _soft_from_probs)
 _PROBS_WRONGS = (

@@ -10,19 +10,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import (
-    NAIVE_SOFTMAX,
-    WHOLE,
-    Case,
-    CheckResult,
-    KnownWrong,
-    generator,
-    naive_softmax_of,
-    run_check,
-    shape,
-    vary,
-)
-from vitlab.checks._slips import turned
+from vitlab.checks._core import WHOLE, Case, CheckResult, KnownWrong, generator, run_check, shape, vary
+from vitlab.checks._slips import NAIVE_SOFTMAX, naive_softmax_of, turned
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 

@@ -8,6 +8,7 @@ The references are the formulas :func:`vitlab.family.count_macs` measures on the
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from vitlab.checks._core import WHOLE, Case, CheckResult, KnownWrong, run_check, vary
@@ -98,31 +99,28 @@ def _direction_macs(c_i: int, c_j: int, n_j: int, *, keys: int = 1, all_query: b
     return macs + (queries * c_j * c_j if wo else 0)  # output projection
 
 
-def _fusion_macs(n_s: int, n_l: int, c_s: int, c_l: int) -> int:
-    return _direction_macs(c_s, c_l, n_l) + _direction_macs(c_l, c_s, n_s)  # S queries L, L queries S
-
-
-def _both(**knobs: Any) -> Callable[..., int]:
-    return lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl, **knobs) + _direction_macs(cl, cs, ns, **knobs)
+def _fusion_macs(n_s: int, n_l: int, c_s: int, c_l: int, **knobs: Any) -> int:
+    """S queries L, L queries S; the keywords of :func:`_direction_macs` make wrong answers."""
+    return _direction_macs(c_s, c_l, n_l, **knobs) + _direction_macs(c_l, c_s, n_s, **knobs)
 
 
 _FUSION_MAC_WRONGS = (
     KnownWrong(lambda ns, nl, cs, cl: 2 * _fusion_macs(ns, nl, cs, cl), FLOPS),
     KnownWrong(lambda ns, nl, cs, cl: _direction_macs(cs, cl, nl),
                "only one direction is counted (S's cls token querying L); L's cls token queries S as well"),
-    KnownWrong(_both(fg=False),
+    KnownWrong(partial(_fusion_macs, fg=False),
                "f and g are not counted: each is a Linear between the two widths, C_S C_L MACs on the one token, four "
                "of them in all (LayerNorm and GELU are not counted)"),
-    KnownWrong(_both(keys=0),
+    KnownWrong(partial(_fusion_macs, keys=0),
                "the projected cls token is left out of the keys and values; they come from z = [f(cls_i), patches_j], "
                "1 + N_j tokens"),
-    KnownWrong(_both(all_query=True),
+    KnownWrong(partial(_fusion_macs, all_query=True),
                "every token of z is counted as a query, as in self-attention; the fusion has ONE query, f(cls_i): "
                "q and the output projection act on one token, and the map is 1 x (1 + N_j)"),
     KnownWrong(lambda ns, nl, cs, cl: _direction_macs(cs, cl, ns) + _direction_macs(cl, cs, nl),
                "the token counts are paired with the wrong branch: S's cls token attends over L's tokens, so the "
                "direction at width C_L has 1 + N_L keys, and the one at width C_S has 1 + N_S"),
-    KnownWrong(_both(wo=False),
+    KnownWrong(partial(_fusion_macs, wo=False),
                "the output projection wo is missing: C_j^2 MACs on the one attended token, in each direction"),
 )  # fmt: skip
 

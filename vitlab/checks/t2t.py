@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -10,17 +11,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import (
-    WHOLE,
-    Case,
-    CheckResult,
-    Expect,
-    KnownWrong,
-    randn,
-    run_check,
-    shape,
-    vary,
-)
+from vitlab.checks._core import WHOLE, Case, CheckResult, Expect, KnownWrong, randn, run_check, shape, vary
 from vitlab.checks._slips import COLUMN_MAJOR, HARD_CODED, PADDING, pad
 
 
@@ -109,14 +100,9 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
         KnownWrong(lambda x, k, s, p: _soft_split(x, k, s, p, pad_mode="width"),
                    "only the width is padded: F.pad(x, (p, p)) pads the last dimension; "
                    "pad the height too, F.pad(x, (p, p, p, p))"),
-        *(
-            KnownWrong(lambda x, k, s, p, mode=mode: _soft_split(x, k, s, p, pad_mode=mode), message)
-            for mode, message in PADDING.items()
-        ),
-        *(
-            KnownWrong(lambda x, k, s, p, fixed=fixed: _soft_split(x, k, s, fixed), f"{HARD_CODED}: padding=padding")
-            for fixed in (1, 2)
-        ),
+        *(KnownWrong(partial(_soft_split, pad_mode=mode), message) for mode, message in PADDING.items()),
+        *(KnownWrong(lambda x, k, s, p, fixed=fixed: _soft_split(x, k, s, fixed), f"{HARD_CODED}: padding=padding")
+          for fixed in (1, 2)),
         KnownWrong(lambda x, k, s, p: _soft_split(x, k, s, p, tokens="reshape"),
                    "F.unfold's (B, C*k*k, L) is reshaped to (B, L, C*k*k), which scrambles it; "
                    "transpose it, .transpose(1, 2)"),
@@ -129,17 +115,13 @@ def soft_split(fn: Callable[..., Any]) -> CheckResult:
 _T2T_SPLITS = ((7, 4, 2), (3, 2, 1), (3, 2, 1))  # T2T-ViT's three soft splits, (kernel, stride, padding)
 
 
-def _grids(height: int, width: int, side: Callable[[int, int, int, int], int]) -> Tensor:
+def _grids(height: int, width: int, side: Callable[[int, int, int, int], int] = _side) -> Tensor:
     """The (rows, cols) grid after each of T2T-ViT's three splits, each side counted by ``side``."""
     rows, cols, grids = height, width, []
     for k, s, p in _T2T_SPLITS:
         rows, cols = side(rows, k, s, p), side(cols, k, s, p)
         grids.append((rows, cols))
     return torch.tensor(grids, dtype=torch.long)
-
-
-def _t2t_grids(height: int, width: int) -> Tensor:
-    return _grids(height, width, _side)
 
 
 def _unchained(height: int, width: int) -> Tensor:
@@ -150,9 +132,9 @@ def _unchained(height: int, width: int) -> Tensor:
 _GRID_RIGHT = "each side is floor((n + 2p - k) / stride) + 1, applied to the previous split's grid, rows and cols apart"
 
 _T2T_GRID_WRONGS = (
-    KnownWrong(lambda h, w: _t2t_grids(h, h),
+    KnownWrong(lambda h, w: _grids(h, h),
                f"the width was counted from the height (a square image assumed); {_GRID_RIGHT}"),
-    KnownWrong(lambda h, w: _t2t_grids(h, w).flip(-1),
+    KnownWrong(lambda h, w: _grids(h, w).flip(-1),
                "the two sides are swapped: each row of the answer is (rows, cols), rows from the height"),
     KnownWrong(lambda h, w: _grids(h, w, lambda n, k, s, p: n // s),
                "each side is n // stride, which ignores kernel and padding; it happens to be right for sides "
@@ -189,4 +171,4 @@ def t2t_grids(fn: Callable[..., Any]) -> CheckResult:
     sizes = vary(sizes, lambda r: (r.randint(32, 400), r.randint(32, 400)))
     cases = [Case(f"a {h} x {w} image (height x width)", (h, w)) for h, w in sizes]
     expect = Expect(kind="tensor", integer=True, rtol=0.0, atol=0.0)
-    return run_check("t2t_grids", fn, cases, _t2t_grids, known_wrong=_T2T_GRID_WRONGS, expect=expect)
+    return run_check("t2t_grids", fn, cases, _grids, known_wrong=_T2T_GRID_WRONGS, expect=expect)
