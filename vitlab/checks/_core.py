@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 Status = Literal["passed", "failed", "not implemented"]
@@ -44,49 +43,6 @@ DATA_MIME = "application/vnd.vitlab.check+json"  # the MIME type of a result as 
 DATA_VERSION = 1  # the version of CheckResult.to_dict's layout
 DATA_ENV = "VITLAB_CHECK_DATA"  # "1": show results as display data (see the module docstring)
 DETACHED = "detached: no gradient reaches the inputs"  # Answers.gradient for an answer autograd cannot reach
-
-# The two classic slips of folding a token sequence (B, H*W, C) into a map (B, C, H, W),
-# named in the same words by every check whose exercise does it.
-SCRAMBLING_RESHAPE = (
-    "the tokens were reshaped straight to (B, C, H, W), which scrambles them; fold them with "
-    "rearrange(x, 'B (H W) C -> B C H W', H=H, W=W) (a transpose, then a reshape)"
-)
-SWAPPED_GRID = (
-    "the grid's height and width are swapped ('B (W H) C'): the tokens are numbered row by row, 'B (H W) C' with H rows"
-)
-
-
-def naive_softmax_of(logits: Tensor, dim: int = -1) -> Tensor:
-    """``exp(x) / sum(exp(x))`` as written from the formula: inf / inf = NaN in float32 once a logit passes ~88."""
-    e = logits.exp()
-    return e / e.sum(dim=dim, keepdim=True)
-
-
-# The message of every check whose answer has a softmax, for an answer that overflows on large logits.
-NAIVE_SOFTMAX = (
-    "the softmax is computed as exp(x) / sum(exp(x)), which overflows for large logits (exp(89) is inf in "
-    "float32, and inf / inf is NaN); subtract each row's max first, or use torch.softmax / x.softmax(dim=-1)"
-)
-
-
-def same_padding(x: Tensor, kernel: int, stride: int) -> Tensor:
-    """TensorFlow's ``padding="SAME"``: ``ceil(size / stride)`` outputs, the padding split with the
-    extra row and column at the bottom and right. Lopsided where PyTorch pads ``k // 2`` on every side."""
-    pads = []
-    for size in (x.shape[-1], x.shape[-2]):  # F.pad's order: the last dimension first
-        total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
-        pads += [total // 2, total - total // 2]
-    return F.pad(x, pads)
-
-
-# A map padded another way than with zeros (shared by CvT's, PiT's and T2T's checks).
-_ZEROS = "pad with zeros, the same amount on every side (what padding= does in F.conv2d, nn.Conv2d and F.unfold)"
-PADDED_BY = {
-    "reflect": f"the map is padded by reflection (mode='reflect' or padding_mode='reflect'); {_ZEROS}",
-    "replicate": f"the map is padded by repeating its border (mode='replicate'); {_ZEROS}",
-    "same": "the padding is lopsided, TensorFlow's 'SAME' (the extra row and column at the bottom and right "
-    f"only); {_ZEROS}",
-}
 
 
 @dataclass(frozen=True)
@@ -382,8 +338,7 @@ def _gradient_problem(fn: Callable[..., Any], case: Case) -> str | None:
 
 def collect_answers(fn: Callable[..., Any], cases: Sequence[Case]) -> Answers:
     """Step 1 of a check: the student's answers, all computed before any reference is; the first
-    case with float inputs runs again with gradients and a backward pass.
-    """
+    case with float inputs runs again with gradients and a backward pass."""
     found = tuple(answer(fn, case) for case in cases)
     graded = next((i for i, c in enumerate(cases) if _float_tensors((c.args, c.kwargs))), None)
     gradient = None
@@ -464,8 +419,7 @@ def _call(fn: Callable[..., Any], case: Case) -> Any:
 
 def _known_wrong(failed: int, answers: Answers, spec: CheckSpec) -> KnownWrong | None:
     """The known wrong answer that the answer to case ``failed`` matches; of several, the first
-    that matches on every case where both run.
-    """
+    that matches on every case where both run."""
     candidates = [wrong for wrong in spec.known_wrong if _matches(wrong, answers, spec, failed, unknown=False)]
     for wrong in candidates if len(candidates) > 1 else ():
         if all(_matches(wrong, answers, spec, number) for number in range(len(spec.cases))):

@@ -10,7 +10,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitlab.checks._core import PADDED_BY, KnownWrong, same_padding
+from vitlab.checks._core import KnownWrong
 
 
 def turned(reference: Callable[..., Any], rows: Sequence[tuple[str, int | None, dict[str, Any]]]) -> list[KnownWrong]:
@@ -43,11 +43,48 @@ COLUMN_MAJOR = (
 )
 HARD_CODED = "the padding is the same number in every case (hard-coded?); take it from the inputs"
 
-_ZEROS = "the same amount on every side"
+
+def naive_softmax_of(logits: Tensor, dim: int = -1) -> Tensor:
+    """``exp(x) / sum(exp(x))`` as written from the formula: inf / inf = NaN in float32 once a logit passes ~88."""
+    e = logits.exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+# The message of every check whose answer has a softmax, for an answer that overflows on large logits.
+NAIVE_SOFTMAX = (
+    "the softmax is computed as exp(x) / sum(exp(x)), which overflows for large logits (exp(89) is inf in "
+    "float32, and inf / inf is NaN); subtract each row's max first, or use torch.softmax / x.softmax(dim=-1)"
+)
+
+# The two classic slips of folding a token sequence (B, H*W, C) into a map (B, C, H, W).
+SCRAMBLING_RESHAPE = (
+    "the tokens were reshaped straight to (B, C, H, W), which scrambles them; fold them with "
+    "rearrange(x, 'B (H W) C -> B C H W', H=H, W=W) (a transpose, then a reshape)"
+)
+SWAPPED_GRID = (
+    "the grid's height and width are swapped ('B (W H) C'): the tokens are numbered row by row, 'B (H W) C' with H rows"
+)
+
+
+def same_padding(x: Tensor, kernel: int, stride: int) -> Tensor:
+    """TensorFlow's ``padding="SAME"``: ``ceil(size / stride)`` outputs, the padding split with the
+    extra row and column at the bottom and right. Lopsided where PyTorch pads ``k // 2`` on every side."""
+    pads = []
+    for size in (x.shape[-1], x.shape[-2]):  # F.pad's order: the last dimension first
+        total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+        pads += [total // 2, total - total // 2]
+    return F.pad(x, pads)
+
+
+_SAME = "the same amount on every side"
+_ZEROS = f"pad with zeros, {_SAME} (what padding= does in F.conv2d, nn.Conv2d and F.unfold)"
 PADDING = {  # a map padded another way than `padding` zeros on every side, by name (see pad)
-    **PADDED_BY,
-    "before": f"the map is padded on the top and left only, F.pad(x, (p, 0, p, 0)); pad {_ZEROS}, (p, p, p, p)",
-    "after": f"the map is padded on the bottom and right only, F.pad(x, (0, p, 0, p)); pad {_ZEROS}, (p, p, p, p)",
+    "reflect": f"the map is padded by reflection (mode='reflect' or padding_mode='reflect'); {_ZEROS}",
+    "replicate": f"the map is padded by repeating its border (mode='replicate'); {_ZEROS}",
+    "same": "the padding is lopsided, TensorFlow's 'SAME' (the extra row and column at the bottom and right "
+    f"only); {_ZEROS}",
+    "before": f"the map is padded on the top and left only, F.pad(x, (p, 0, p, 0)); pad {_SAME}, (p, p, p, p)",
+    "after": f"the map is padded on the bottom and right only, F.pad(x, (0, p, 0, p)); pad {_SAME}, (p, p, p, p)",
     "twice": "the map is padded twice, by F.pad and again by padding=; pad it once",
 }
 

@@ -10,8 +10,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import NAIVE_SOFTMAX, Case, CheckResult, KnownWrong, naive_softmax_of, randn, run_check, shape
-from vitlab.checks._slips import OVER_QUERIES, RESHAPED_WEIGHT, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
+from vitlab.checks._core import Case, CheckResult, KnownWrong, randn, run_check, shape
+from vitlab.checks._slips import (
+    NAIVE_SOFTMAX,
+    OVER_QUERIES,
+    RESHAPED_WEIGHT,
+    SCALED_AFTER,
+    TOTAL_WIDTH,
+    UNSCALED,
+    naive_softmax_of,
+    turned,
+)
 
 
 def _reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -116,16 +125,13 @@ def split_heads(fn: Callable[..., Any]) -> CheckResult:
         x = randn(seed, B, N, C)
         cases.append(Case(f"x {shape(x)}, num_heads={h}", (x, h)))
     wrongs = [
-        KnownWrong(
-            lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1),
-            "a plain reshape to (B, h, N, d) mixes tokens and channels: view as (B, N, h, d), then transpose(1, 2)",
-        ),
-        KnownWrong(
-            lambda x, h: rearrange(x, "B N (d h) -> B h N d", h=h),
-            "the channels are split (d h), so head g gets every h-th channel; split them (h d), so head g "
-            "gets a contiguous block of d channels",
-        ),
-    ]
+        KnownWrong(lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1),
+                   "a plain reshape to (B, h, N, d) mixes tokens and channels: "
+                   "view as (B, N, h, d), then transpose(1, 2)"),
+        KnownWrong(lambda x, h: rearrange(x, "B N (d h) -> B h N d", h=h),
+                   "the channels are split (d h), so head g gets every h-th channel; split them (h d), so head g gets "
+                   "a contiguous block of d channels"),
+    ]  # fmt: skip
     return run_check(
         "split_heads", fn, cases, lambda x, h: rearrange(x, "B N (h d) -> B h N d", h=h), known_wrong=wrongs
     )
@@ -138,32 +144,22 @@ def _qkv_weight(query: Tensor, key: Tensor, value: Tensor) -> Tensor:
 
 
 _QKV_WRONGS = (
-    KnownWrong(
-        lambda q, k, v: torch.stack([q, k, v], dim=-1).reshape(q.shape[0], -1).T,
-        "q, k and v are interleaved feature by feature, the (h d qkv) order; the fused layer "
-        "holds three consecutive blocks, (qkv h d): all of the query's features, then the key's, then the value's",
-        5,
-    ),
-    KnownWrong(
-        lambda q, k, v: torch.stack([q, k, v], dim=2).reshape(q.shape[0], -1).T,
-        "q, k and v are interleaved head by head, (h qkv d); the fused layer holds three consecutive blocks, (qkv h d)",
-    ),
-    KnownWrong(
-        lambda q, k, v: torch.cat([w.transpose(1, 2).reshape(w.shape[0], -1) for w in (q, k, v)], dim=1).T,
-        "inside each block the features are ordered (d h), so head g gets every h-th feature; flatten each "
-        "kernel's (h, d) axes as (h d), head after head",
-    ),
-    KnownWrong(
-        lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (q, k, v)], dim=1).reshape(-1, q.shape[0]),
-        "the (C, 3C) kernel is reshaped to (3C, C) instead of transposed: nn.Linear stores its weight as "
-        "(out_features, in_features), so take the transpose, .T",
-    ),
-    KnownWrong(
-        lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (k, q, v)], dim=1).T,
-        "the blocks are in the order k, q, v; vitlab and timm split the fused output as q, k, v",
-    ),
+    KnownWrong(lambda q, k, v: torch.stack([q, k, v], dim=-1).reshape(q.shape[0], -1).T,
+               "q, k and v are interleaved feature by feature, the (h d qkv) order; the fused layer holds three "
+               "consecutive blocks, (qkv h d): all of the query's features, then the key's, then the value's", 5),
+    KnownWrong(lambda q, k, v: torch.stack([q, k, v], dim=2).reshape(q.shape[0], -1).T,
+               "q, k and v are interleaved head by head, (h qkv d); the fused layer holds three consecutive blocks, "
+               "(qkv h d)"),
+    KnownWrong(lambda q, k, v: torch.cat([w.transpose(1, 2).reshape(w.shape[0], -1) for w in (q, k, v)], dim=1).T,
+               "inside each block the features are ordered (d h), so head g gets every h-th feature; flatten each "
+               "kernel's (h, d) axes as (h d), head after head"),
+    KnownWrong(lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (q, k, v)], dim=1).reshape(-1, q.shape[0]),
+               "the (C, 3C) kernel is reshaped to (3C, C) instead of transposed: nn.Linear stores its weight as "
+               "(out_features, in_features), so take the transpose, .T"),
+    KnownWrong(lambda q, k, v: torch.cat([w.reshape(w.shape[0], -1) for w in (k, q, v)], dim=1).T,
+               "the blocks are in the order k, q, v; vitlab and timm split the fused output as q, k, v"),
     KnownWrong(lambda q, k, v: torch.stack([q, k, v]).reshape(3 * q.shape[0], q.shape[0]), RESHAPED_WEIGHT),
-)
+)  # fmt: skip
 
 
 def qkv_weight_from_jax(fn: Callable[..., Any]) -> CheckResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,19 +11,20 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import (
+from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
+from vitlab.checks._slips import (
+    GRID_W_H,
+    HARD_CODED,
+    MERGED_BY_RESHAPE,
     NAIVE_SOFTMAX,
+    PADDING,
+    SCALED_AFTER,
     SCRAMBLING_RESHAPE,
+    SPLIT_D_H,
     SWAPPED_GRID,
-    Case,
-    CheckResult,
-    KnownWrong,
-    generator,
     naive_softmax_of,
-    run_check,
-    shape,
+    pad,
 )
-from vitlab.checks._slips import GRID_W_H, HARD_CODED, MERGED_BY_RESHAPE, PADDING, SCALED_AFTER, SPLIT_D_H, pad
 
 if TYPE_CHECKING:
     from vitlab.models.cvt import ConvAttention
@@ -66,22 +68,16 @@ def squeezed_kv_projection(fn: Callable[..., Any]) -> CheckResult:
         cases.append(Case(label, (x, (H, W), weight, s)))
     wrongs = [
         KnownWrong(lambda *args: _squeeze(*args, naive_map=True), SCRAMBLING_RESHAPE),
-        KnownWrong(
-            lambda *args: _squeeze(*args, naive_tokens=True),
-            "the map was reshaped straight back to (B, N', C); flatten it with rearrange('B C H W -> B (H W) C')",
-        ),
-        KnownWrong(
-            lambda *args: _squeeze(*args, padding=0),
-            "the convolution is not padded; CvT pads by k // 2, so the stride alone sets the size",
-        ),
+        KnownWrong(lambda *args: _squeeze(*args, naive_tokens=True),
+                   "the map was reshaped straight back to (B, N', C); "
+                   "flatten it with rearrange('B C H W -> B (H W) C')"),
+        KnownWrong(lambda *args: _squeeze(*args, padding=0),
+                   "the convolution is not padded; CvT pads by k // 2, so the stride alone sets the size"),
         KnownWrong(lambda *args: _squeeze(*args, swapped_hw=True), SWAPPED_GRID),
         KnownWrong(lambda *args: _squeeze(*args, grid_w_h=True), GRID_W_H),
         KnownWrong(lambda *args: _squeeze(*args, padding=1), f"{HARD_CODED}: k // 2, k = weight.shape[-1]"),
-        *(
-            KnownWrong(lambda *args, mode=mode: _squeeze(*args, pad_mode=mode), message)
-            for mode, message in PADDING.items()
-        ),
-    ]
+        *(KnownWrong(partial(_squeeze, pad_mode=mode), message) for mode, message in PADDING.items()),
+    ]  # fmt: skip
     return run_check("squeezed_kv_projection", fn, cases, _squeeze, known_wrong=wrongs)
 
 
@@ -148,12 +144,9 @@ def cvt_avg_attention(fn: Callable[..., Any]) -> CheckResult:
     token, else 0.
     """
     cases = []
-    for seed, (B, C, heads, H, W, with_cls) in enumerate(
-        (
-            (1, 8, 2, 4, 4, True), (2, 8, 2, 3, 5, False), (2, 12, 3, 6, 4, True), (1, 6, 2, 5, 6, True),
-            (2, 12, 3, 4, 5, True),
-        )
-    ):  # fmt: skip
+    sizes = ((1, 8, 2, 4, 4, True), (2, 8, 2, 3, 5, False), (2, 12, 3, 6, 4, True), (1, 6, 2, 5, 6, True),
+             (2, 12, 3, 4, 5, True))  # (B, C, heads, H, W, with_cls)  # fmt: skip
+    for seed, (B, C, heads, H, W, with_cls) in enumerate(sizes):
         gain = 200.0 if seed == 4 else 1.0
         attn = _attention_layer(seed, C, heads, with_cls, query_gain=gain)
         x = torch.randn(B, int(with_cls) + H * W, C, generator=generator(400 + seed))
@@ -187,11 +180,7 @@ def cvt_avg_attention(fn: Callable[..., Any]) -> CheckResult:
         "no_proj": "the output projection is missing: the merged heads go through attn.proj",
     }
     wrongs = [
-        KnownWrong(
-            lambda x, g, a, kind=kind: _avg_attention(x, g, a, wrong=kind),
-            message,
-            19 if kind == "head_dim_scale" else None,
-        )
+        KnownWrong(partial(_avg_attention, wrong=kind), message, 19 if kind == "head_dim_scale" else None)
         for kind, message in kinds.items()
     ]
     return run_check("cvt_avg_attention", fn, cases, _avg_attention, known_wrong=wrongs)

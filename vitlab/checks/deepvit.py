@@ -10,17 +10,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from vitlab.checks._core import (
+from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
+from vitlab.checks._slips import (
+    MERGED_BY_RESHAPE,
     NAIVE_SOFTMAX,
-    Case,
-    CheckResult,
-    KnownWrong,
-    generator,
+    OVER_QUERIES,
+    SCALED_AFTER,
+    TOTAL_WIDTH,
+    UNSCALED,
     naive_softmax_of,
-    run_check,
-    shape,
+    turned,
 )
-from vitlab.checks._slips import MERGED_BY_RESHAPE, OVER_QUERIES, SCALED_AFTER, TOTAL_WIDTH, UNSCALED, turned
 
 
 def _mix(attn: Tensor, theta: Tensor) -> Tensor:
@@ -53,54 +53,35 @@ _LN_RIGHT = (
 )
 
 _RE_ATTENTION_LN_WRONGS = (
-    KnownWrong(
-        lambda a, t, w, b: _standardise(_mix(a, t), (0, 2, 3), w, b),
-        "each head is standardised over the batch and all positions, the official BatchNorm2d; "
-        f"this exercise normalises across the heads: {_LN_RIGHT}",
-    ),
-    KnownWrong(
-        lambda a, t, w, b: _standardise(_mix(a, t), (3,), w, b),
-        f"the maps are normalised over the keys (the last axis, where F.layer_norm works unless the "
-        f"head axis is moved there); {_LN_RIGHT}",
-    ),
-    KnownWrong(
-        lambda a, t, w, b: _standardise(_mix(a, t), (1, 2, 3), w, b),
-        f"each image is normalised over all heads and positions together (a GroupNorm with one group); {_LN_RIGHT}",
-    ),
-    KnownWrong(
-        lambda a, t, w, b: _re_attention_layernorm(a, t.T, w, b),
-        "the heads are mixed with Θ instead of its transpose: new head g = sum_h theta[h, g] * attn[:, h], "
-        "einsum('bhij,hg->bgij')",
-    ),
-    KnownWrong(
-        lambda a, t, w, b: _standardise(_mix(a, t), (1,), w, b, unbiased=True),
-        "the variance is the unbiased one (divided by H - 1); LayerNorm divides by H: var(unbiased=False)",
-    ),
-    KnownWrong(
-        lambda a, t, w, b: _re_attention_layernorm(a, t, torch.ones_like(w), torch.zeros_like(b)),
-        "weight and bias are not applied: after normalising, multiply by weight and add bias, per head",
-    ),
-    *(
-        KnownWrong(
-            lambda a, t, w, b, e=e, inside=inside: _standardise(_mix(a, t), (1,), w, b, eps=e, eps_inside=inside),
-            message,
-        )
-        for message, e, inside in (
-            ("eps is added to the standard deviation (std + eps); LayerNorm takes sqrt(var + 1e-5)", 1e-5, False),
-            ("eps is missing: LayerNorm divides by sqrt(var + 1e-5)", 0.0, True),
-            ("eps is 1e-6 (timm's ViT LayerNorms); nn.LayerNorm's default, asked for here, is 1e-5", 1e-6, True),
-        )
-    ),  # fmt: skip
-    KnownWrong(
-        lambda a, t, w, b: _standardise(_mix(a, t), (2, 3), w, b),
-        f"each head's map is normalised over its (query, key) positions (an InstanceNorm); {_LN_RIGHT}",
-    ),
+    KnownWrong(lambda a, t, w, b: _standardise(_mix(a, t), (0, 2, 3), w, b),
+               "each head is standardised over the batch and all positions, the official BatchNorm2d; "
+               f"this exercise normalises across the heads: {_LN_RIGHT}"),
+    KnownWrong(lambda a, t, w, b: _standardise(_mix(a, t), (3,), w, b),
+               f"the maps are normalised over the keys (the last axis, where F.layer_norm works unless the "
+               f"head axis is moved there); {_LN_RIGHT}"),
+    KnownWrong(lambda a, t, w, b: _standardise(_mix(a, t), (1, 2, 3), w, b),
+               "each image is normalised over all heads and positions together (a GroupNorm with one group); "
+               + _LN_RIGHT),
+    KnownWrong(lambda a, t, w, b: _re_attention_layernorm(a, t.T, w, b),
+               "the heads are mixed with Θ instead of its transpose: new head g = sum_h theta[h, g] * attn[:, h], "
+               "einsum('bhij,hg->bgij')"),
+    KnownWrong(lambda a, t, w, b: _standardise(_mix(a, t), (1,), w, b, unbiased=True),
+               "the variance is the unbiased one (divided by H - 1); LayerNorm divides by H: var(unbiased=False)"),
+    KnownWrong(lambda a, t, w, b: _re_attention_layernorm(a, t, torch.ones_like(w), torch.zeros_like(b)),
+               "weight and bias are not applied: after normalising, multiply by weight and add bias, per head"),
+    *(KnownWrong(lambda a, t, w, b, e=e, inside=inside: _standardise(_mix(a, t), (1,), w, b, eps=e, eps_inside=inside),
+                 message)
+      for message, e, inside in (
+          ("eps is added to the standard deviation (std + eps); LayerNorm takes sqrt(var + 1e-5)", 1e-5, False),
+          ("eps is missing: LayerNorm divides by sqrt(var + 1e-5)", 0.0, True),
+          ("eps is 1e-6 (timm's ViT LayerNorms); nn.LayerNorm's default, asked for here, is 1e-5", 1e-6, True),
+      )),
+    KnownWrong(lambda a, t, w, b: _standardise(_mix(a, t), (2, 3), w, b),
+               f"each head's map is normalised over its (query, key) positions (an InstanceNorm); {_LN_RIGHT}"),
     KnownWrong(lambda a, t, w, b: _re_attention_layernorm(a, t, b, w), "weight and bias are swapped"),
-    KnownWrong(
-        lambda a, t, w, b: _mix(_standardise(a, (1,), w, b), t),
-        f"the LayerNorm runs before the mixing; it normalises the mixed maps: {_LN_RIGHT}",
-    ),
-)
+    KnownWrong(lambda a, t, w, b: _mix(_standardise(a, (1,), w, b), t),
+               f"the LayerNorm runs before the mixing; it normalises the mixed maps: {_LN_RIGHT}"),
+)  # fmt: skip
 
 
 def re_attention_layernorm(fn: Callable[..., Any]) -> CheckResult:
@@ -149,55 +130,36 @@ def _heads_wrong(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
 _HEADS_RIGHT = "softmax over the keys, mix the H_in maps into H_out with einsum('bhij,hg->bgij'), then bn"
 
 _RE_ATTENTION_HEADS_WRONGS = (
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-1), t.T))),
-        "the heads are mixed with Θ instead of its transpose (the wrong axis of Θ; with H_in != H_out it "
-        "does not even run): new head g = sum_h theta[h, g] * attn[:, h], einsum('bhij,hg->bgij')",
-    ),
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: bn(_mix(s, t).softmax(-1))),
-        f"the heads are mixed before the softmax; re-attention mixes the softmax maps: {_HEADS_RIGHT}",
-    ),
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: _mix(bn(s.softmax(-1)), t)),
-        f"the BatchNorm runs before the mixing; bn has one channel per OUTPUT head (H_out): {_HEADS_RIGHT}",
-    ),
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: _mix(s.softmax(-1), t)),
-        f"the BatchNorm is missing (the mixed maps multiply the values as they are); {_HEADS_RIGHT}",
-    ),
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: _running_statistics(_mix(s.softmax(-1), t), bn)),
-        "the BatchNorm uses its running statistics (bn in eval mode); bn is in training mode: it "
-        "normalises each output head with the batch's own mean and variance over (B, N, N)",
-    ),
-    KnownWrong(
-        _heads_wrong(lambda s, t, bn: _standardise(_mix(s.softmax(-1), t), (1,), bn.weight, bn.bias)),
-        "the maps are normalised across the heads at each (query, key) pair (a LayerNorm over the head "
-        "axis); BatchNorm2d(H_out) normalises each output head over the batch and all positions",
-    ),
+    KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-1), t.T))),
+               "the heads are mixed with Θ instead of its transpose (the wrong axis of Θ; with H_in != H_out it does "
+               "not even run): new head g = sum_h theta[h, g] * attn[:, h], einsum('bhij,hg->bgij')"),
+    KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(s, t).softmax(-1))),
+               f"the heads are mixed before the softmax; re-attention mixes the softmax maps: {_HEADS_RIGHT}"),
+    KnownWrong(_heads_wrong(lambda s, t, bn: _mix(bn(s.softmax(-1)), t)),
+               f"the BatchNorm runs before the mixing; bn has one channel per OUTPUT head (H_out): {_HEADS_RIGHT}"),
+    KnownWrong(_heads_wrong(lambda s, t, bn: _mix(s.softmax(-1), t)),
+               f"the BatchNorm is missing (the mixed maps multiply the values as they are); {_HEADS_RIGHT}"),
+    KnownWrong(_heads_wrong(lambda s, t, bn: _running_statistics(_mix(s.softmax(-1), t), bn)),
+               "the BatchNorm uses its running statistics (bn in eval mode); bn is in training mode: it normalises "
+               "each output head with the batch's own mean and variance over (B, N, N)"),
+    KnownWrong(_heads_wrong(lambda s, t, bn: _standardise(_mix(s.softmax(-1), t), (1,), bn.weight, bn.bias)),
+               "the maps are normalised across the heads at each (query, key) pair (a LayerNorm over the head axis); "
+               "BatchNorm2d(H_out) normalises each output head over the batch and all positions"),
     KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(s.softmax(-2), t))), OVER_QUERIES),
-    KnownWrong(
-        lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, scale_by="value"),
-        "the logits are scaled by the value head width; q k^T is a dot product of key-width vectors: "
-        "scale by d_k**-0.5, d_k = q.shape[-1]",
-    ),
-    KnownWrong(
-        lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, merge="d h"),
-        "the heads are merged (d h): output channel c * H_out + g holds head g's channel c; merge them "
-        "head by head, rearrange(out, 'b h n d -> b n (h d)')",
-    ),
+    KnownWrong(lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, scale_by="value"),
+               "the logits are scaled by the value head width; q k^T is a dot product of key-width vectors: scale by "
+               "d_k**-0.5, d_k = q.shape[-1]"),
+    KnownWrong(lambda q, k, v, t, bn: _re_attention_heads(q, k, v, t, bn, merge="d h"),
+               "the heads are merged (d h): output channel c * H_out + g holds head g's channel c; merge them head by "
+               "head, rearrange(out, 'b h n d -> b n (h d)')"),
     KnownWrong(_heads_wrong(lambda s, t, bn: bn(_mix(naive_softmax_of(s), t))), NAIVE_SOFTMAX),
-    *turned(
-        _re_attention_heads,
-        (
-            (UNSCALED, 3, {"scale_by": "none"}),
-            (SCALED_AFTER, 3, {"scale_by": "after"}),
-            (TOTAL_WIDTH, 3, {"scale_by": "total"}),
-            (MERGED_BY_RESHAPE, None, {"merge": "reshape"}),
-        ),
-    ),
-)
+    *turned(_re_attention_heads, (
+        (UNSCALED, 3, {"scale_by": "none"}),
+        (SCALED_AFTER, 3, {"scale_by": "after"}),
+        (TOTAL_WIDTH, 3, {"scale_by": "total"}),
+        (MERGED_BY_RESHAPE, None, {"merge": "reshape"}),
+    )),
+)  # fmt: skip
 
 
 def re_attention_heads(fn: Callable[..., Any]) -> CheckResult:

@@ -15,7 +15,6 @@ from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_ch
 
 Logits = tuple[Tensor, Tensor, Tensor, Tensor]
 
-
 # Logits this large (in size) overflow exp in float32: exp(89) is inf.
 _OVERFLOW = 88.0
 
@@ -182,9 +181,22 @@ def _soft_target_ce(logits: Tensor, targets: Tensor) -> Tensor:
     return -(targets * F.log_softmax(logits, dim=-1)).sum(-1).mean()
 
 
-def _mixup_hard(c: Tensor, d: Tensor, t: Tensor, targets: Tensor, alpha: float = 0.5) -> Tensor:
-    """The official ``DistillationLoss`` with Mixup on: a soft-target class head, the teacher's argmax on the other."""
-    return (1 - alpha) * _soft_target_ce(c, targets) + alpha * F.cross_entropy(d, t.argmax(-1))
+def _mixup_hard(c: Tensor, d: Tensor, t: Tensor, targets: Tensor, alpha: float = 0.5, *, wrong: str = "") -> Tensor:
+    """The official ``DistillationLoss`` with Mixup on: a soft-target class head, the teacher's argmax on the other;
+    ``wrong`` names a known wrong variant."""
+    t_labels = t.argmax(-1)
+    if wrong == "argmax_targets":
+        return (1 - alpha) * F.cross_entropy(c, targets.argmax(-1)) + alpha * F.cross_entropy(d, t_labels)
+    if wrong == "cls_head":  # pitfall 9: the teacher's labels on the class head
+        return (1 - alpha) * _soft_target_ce(c, targets) + alpha * F.cross_entropy(c, t_labels)
+    if wrong == "mixed_targets":
+        return (1 - alpha) * _soft_target_ce(c, targets) + alpha * _soft_target_ce(d, targets)
+    if wrong == "probabilities":
+        return (1 - alpha) * _soft_target_ce(c, targets) + alpha * _soft_target_ce(d, t.softmax(-1))
+    if wrong == "swapped_alpha":
+        return alpha * _soft_target_ce(c, targets) + (1 - alpha) * F.cross_entropy(d, t_labels)
+    loss = (1 - alpha) * _soft_target_ce(c, targets) + alpha * F.cross_entropy(d, t_labels)
+    return c.shape[0] * loss if wrong == "summed" else loss
 
 
 def _mixup_inputs(seed: int, B: int, K: int) -> Logits:
@@ -198,42 +210,22 @@ def _mixup_inputs(seed: int, B: int, K: int) -> Logits:
     return cls_logits, dist_logits, teacher_logits, targets
 
 
+_mixup_wrong = partial(_variant, _mixup_hard)
 _MIXUP_WRONGS = (
-    KnownWrong(
-        lambda c, d, t, y, alpha=0.5: (
-            (1 - alpha) * F.cross_entropy(c, y.argmax(-1)) + alpha * F.cross_entropy(d, t.argmax(-1))
-        ),
-        "the class head learns the argmax of the mixed targets; a Mixup target is a distribution, so use the "
-        "soft-target cross-entropy, -(targets * log_softmax(cls_logits)).sum(-1).mean()",
-    ),
-    KnownWrong(
-        lambda c, d, t, y, alpha=0.5: (1 - alpha) * _soft_target_ce(c, y) + alpha * F.cross_entropy(c, t.argmax(-1)),
-        "the teacher's labels train the class head, the token-free variant; in DeiT⚗ they train the "
-        "distillation head: F.cross_entropy(dist_logits, teacher_logits.argmax(-1))",
-        9,
-    ),
-    KnownWrong(
-        lambda c, d, t, y, alpha=0.5: (1 - alpha) * _soft_target_ce(c, y) + alpha * _soft_target_ce(d, y),
-        "the distillation head learns the mixed targets; it learns the teacher's decision on the blended image, "
-        "teacher_logits.argmax(-1)",
-    ),
-    KnownWrong(
-        lambda c, d, t, y, alpha=0.5: (
-            (1 - alpha) * _soft_target_ce(c, y) + alpha * _soft_target_ce(d, F.softmax(t, -1))
-        ),
-        "the distillation head learns the teacher's probabilities; hard distillation takes its decision, "
-        "teacher_logits.argmax(-1), as a label",
-    ),
-    KnownWrong(
-        lambda c, d, t, y, alpha=0.5: alpha * _soft_target_ce(c, y) + (1 - alpha) * F.cross_entropy(d, t.argmax(-1)),
-        "alpha weights the wrong term: (1 - alpha) * class-head loss + alpha * distillation-head loss",
-    ),
-    KnownWrong(
-        lambda c, d, t, y, alpha=0.5: c.shape[0] * _mixup_hard(c, d, t, y, alpha),
-        "the losses are summed over the batch; average them over the B images",
-    ),
+    _mixup_wrong("argmax_targets", "the class head learns the argmax of the mixed targets; a Mixup target is a "
+                 "distribution, so use the soft-target cross-entropy, "
+                 "-(targets * log_softmax(cls_logits)).sum(-1).mean()"),
+    _mixup_wrong("cls_head", "the teacher's labels train the class head, the token-free variant; in DeiT⚗ they train "
+                 "the distillation head: F.cross_entropy(dist_logits, teacher_logits.argmax(-1))", 9),
+    _mixup_wrong("mixed_targets", "the distillation head learns the mixed targets; it learns the teacher's decision on "
+                 "the blended image, teacher_logits.argmax(-1)"),
+    _mixup_wrong("probabilities", "the distillation head learns the teacher's probabilities; hard distillation takes "
+                 "its decision, teacher_logits.argmax(-1), as a label"),
+    _mixup_wrong("swapped_alpha", "alpha weights the wrong term: (1 - alpha) * class-head loss + alpha * "
+                 "distillation-head loss"),
+    _mixup_wrong("summed", "the losses are summed over the batch; average them over the B images"),
     *_overflowing(_mixup_hard),
-)
+)  # fmt: skip
 
 
 def mixup_hard_distillation_loss(fn: Callable[..., Any]) -> CheckResult:
@@ -277,7 +269,6 @@ def _soft_from_probs(
 
 
 _SOFT_VARIANTS = ("cls_head", "reversed", "no_tau_squared", "batchmean")
-
 
 _probs_wrong = partial(_variant, _soft_from_probs)
 _PROBS_WRONGS = (

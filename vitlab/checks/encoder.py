@@ -10,19 +10,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import (
-    NAIVE_SOFTMAX,
-    WHOLE,
-    Case,
-    CheckResult,
-    KnownWrong,
-    generator,
-    naive_softmax_of,
-    run_check,
-    shape,
-    vary,
-)
-from vitlab.checks._slips import turned
+from vitlab.checks._core import WHOLE, Case, CheckResult, KnownWrong, generator, run_check, shape, vary
+from vitlab.checks._slips import NAIVE_SOFTMAX, naive_softmax_of, turned
 from vitlab.layers.attention import Attention
 from vitlab.layers.block import Block
 
@@ -110,42 +99,28 @@ def _naive_attention(x: Tensor, b: Block) -> Tensor:
 
 
 _BLOCK_WRONGS = (
-    KnownWrong(
-        _post_norm,
-        "post-norm, LN(x + f(x)) as in the original Transformer: the LayerNorm comes after the residual add. "
-        "ViT is pre-norm, each sub-layer reads a normalised copy and its output is added: x + f(LN(x))",
-    ),
-    KnownWrong(
-        lambda x, b: b.mlp(b.norm2(b.attn(b.norm1(x)))),
-        "no residual connections: each sub-layer's output replaces the tokens; add it to them, "
-        "x = x + attn(norm1(x)), then x = x + mlp(norm2(x))",
-    ),
-    KnownWrong(
-        _no_attention_residual,
-        "the attention sub-layer has no residual: x = x + attn(norm1(x)), not x = attn(norm1(x))",
-    ),
-    KnownWrong(
-        lambda x, b: b.mlp(b.norm2(x + b.attn(b.norm1(x)))),
-        "the MLP sub-layer has no residual: return x + mlp(norm2(x)), not mlp(norm2(x))",
-    ),
-    KnownWrong(
-        _normalised_residual,
-        "the residual adds the normalised tokens LN(x); add the sub-layer's input x itself, "
-        "x + attn(norm1(x)): the LayerNorm is on the branch only, the main path is a pure sum",
-    ),
-    KnownWrong(
-        _norm_on_branch,
-        "the LayerNorm is applied to the sub-layer's output, x + LN(f(x)); it normalises the sub-layer's "
-        "input: x + f(LN(x))",
-    ),
-    KnownWrong(
-        lambda x, b: x + b.attn(b.norm1(x)) + b.mlp(b.norm2(x)),
-        "attention and MLP both read the block's input (a parallel block); the MLP reads the output of the "
-        "attention sub-layer: x = x + attn(norm1(x)), then x = x + mlp(norm2(x))",
-    ),
+    KnownWrong(_post_norm,
+               "post-norm, LN(x + f(x)) as in the original Transformer: the LayerNorm comes after the residual add. "
+               "ViT is pre-norm, each sub-layer reads a normalised copy and its output is added: x + f(LN(x))"),
+    KnownWrong(lambda x, b: b.mlp(b.norm2(b.attn(b.norm1(x)))),
+               "no residual connections: each sub-layer's output replaces the tokens; "
+               "add it to them, x = x + attn(norm1(x)), then x = x + mlp(norm2(x))"),
+    KnownWrong(_no_attention_residual,
+               "the attention sub-layer has no residual: x = x + attn(norm1(x)), not x = attn(norm1(x))"),
+    KnownWrong(lambda x, b: b.mlp(b.norm2(x + b.attn(b.norm1(x)))),
+               "the MLP sub-layer has no residual: return x + mlp(norm2(x)), not mlp(norm2(x))"),
+    KnownWrong(_normalised_residual,
+               "the residual adds the normalised tokens LN(x); add the sub-layer's input x itself, x + attn(norm1(x)): "
+               "the LayerNorm is on the branch only, the main path is a pure sum"),
+    KnownWrong(_norm_on_branch,
+               "the LayerNorm is applied to the sub-layer's output, x + LN(f(x)); it normalises the sub-layer's input: "
+               "x + f(LN(x))"),
+    KnownWrong(lambda x, b: x + b.attn(b.norm1(x)) + b.mlp(b.norm2(x)),
+               "attention and MLP both read the block's input (a parallel block); the MLP reads the output of the "
+               "attention sub-layer: x = x + attn(norm1(x)), then x = x + mlp(norm2(x))"),
     KnownWrong(_norm1_twice, "norm1 is used before the MLP too; each sub-layer has its own LayerNorm: mlp(norm2(x))"),
     KnownWrong(_naive_attention, f"in the attention written out, {NAIVE_SOFTMAX}; or call block.attn"),
-)
+)  # fmt: skip
 
 
 def encoder_block(fn: Callable[..., Any]) -> CheckResult:
@@ -199,57 +174,36 @@ def _count(*config: int, without: tuple[str, ...] = (), extra: Callable[..., int
     return total + (extra(*config) if extra is not None else 0)
 
 
-def _missing(message: str, *parts: str, pitfall: int | None = None) -> KnownWrong:
-    return KnownWrong(lambda *config: _count(*config, without=parts), message, pitfall)
+def _miscount(
+    message: str, *without: str, extra: Callable[..., int] | None = None, pitfall: int | None = None
+) -> KnownWrong:
+    """The known wrong count :func:`_count` gives with ``without`` and ``extra``."""
+    return KnownWrong(lambda *config: _count(*config, without=without, extra=extra), message, pitfall)
 
 
 _COUNT_WRONGS = (
-    _missing(
-        "the class token and the position embedding are not counted (the torchsummary total, 86,415,592 "
-        "for ViT-B/16): add D + (1 + N) * D, 152,064 for ViT-B/16",
-        "cls_token", "pos_embed", pitfall=6,
-    ),
-    KnownWrong(
-        lambda *config: _count(*config, without=("cls_token",)),
-        "D parameters short: count the class token (D) and give the position embedding one row per token, "
-        "the class token's included: (1 + N) * D, not N * D",
-    ),
-    _missing(
-        "the LayerNorms are not counted: 2 per block and the final one, each with a gain and a bias "
-        "of D values (4 * D per block, 2 * D at the end)",
-        "block_norms", "norm",
-    ),
-    _missing("the final LayerNorm (2 * D, a gain and a bias) is not counted", "norm"),
-    _missing(
-        "the biases are not counted: 9 * D per block (qkv 3D, proj D, fc1 4D, fc2 D), D for the patch "
-        "embedding and num_classes for the head",
-        "block_biases", "patch_bias", "head_bias",
-    ),
-    _missing(
-        "neither the LayerNorms nor the biases are counted; 12 * D**2 per block is only the weight matrices",
-        "block_norms", "norm", "block_biases", "patch_bias", "head_bias",
-    ),
-    _missing("the classification head (num_classes * D + num_classes) is not counted", "head_weight", "head_bias"),
-    KnownWrong(
-        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -2 * P * P * D),
-        "the patch embedding has P * P * D weights; each patch has 3 colour channels: 3 * P * P * D (+ D biases)",
-    ),
-    KnownWrong(
-        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -3 * L * D),
-        "the qkv biases are not counted: ViT's qkv Linear has a bias (qkv_bias=True), 3 * D per block",
-    ),
-    KnownWrong(
-        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -L * (6 * D * D + 3 * D)),
-        "the MLP's hidden layer is counted D wide; it is 4 * D (MLP ratio 4): fc1 4 * D * D + 4 * D, fc2 4 * D * D + D",
-    ),
-    KnownWrong(
-        lambda *config: _count(*config, extra=lambda D, L, P, K, img: -(2 * L + 1) * D),
-        "each LayerNorm is counted as D parameters; it has a gain and a bias, 2 * D",
-    ),
-    KnownWrong(
-        lambda *config: _count(*config, without=("pos_embed",), extra=lambda D, L, P, K, img: (1 + img // P) * D),
-        "N = img_size / patch_size counts the patches along one side; an image has (img_size / patch_size)**2",
-    ),
+    _miscount("the class token and the position embedding are not counted (the torchsummary total, 86,415,592 "
+              "for ViT-B/16): add D + (1 + N) * D, 152,064 for ViT-B/16", "cls_token", "pos_embed", pitfall=6),
+    _miscount("D parameters short: count the class token (D) and give the position embedding one row per token, "
+              "the class token's included: (1 + N) * D, not N * D", "cls_token"),
+    _miscount("the LayerNorms are not counted: 2 per block and the final one, each with a gain and a bias "
+              "of D values (4 * D per block, 2 * D at the end)", "block_norms", "norm"),
+    _miscount("the final LayerNorm (2 * D, a gain and a bias) is not counted", "norm"),
+    _miscount("the biases are not counted: 9 * D per block (qkv 3D, proj D, fc1 4D, fc2 D), D for the patch "
+              "embedding and num_classes for the head", "block_biases", "patch_bias", "head_bias"),
+    _miscount("neither the LayerNorms nor the biases are counted; 12 * D**2 per block is only the weight matrices",
+              "block_norms", "norm", "block_biases", "patch_bias", "head_bias"),
+    _miscount("the classification head (num_classes * D + num_classes) is not counted", "head_weight", "head_bias"),
+    _miscount("the patch embedding has P * P * D weights; each patch has 3 colour channels: 3 * P * P * D "
+              "(+ D biases)", extra=lambda D, L, P, K, img: -2 * P * P * D),
+    _miscount("the qkv biases are not counted: ViT's qkv Linear has a bias (qkv_bias=True), 3 * D per block",
+              extra=lambda D, L, P, K, img: -3 * L * D),
+    _miscount("the MLP's hidden layer is counted D wide; it is 4 * D (MLP ratio 4): fc1 4 * D * D + 4 * D, "
+              "fc2 4 * D * D + D", extra=lambda D, L, P, K, img: -L * (6 * D * D + 3 * D)),
+    _miscount("each LayerNorm is counted as D parameters; it has a gain and a bias, 2 * D",
+              extra=lambda D, L, P, K, img: -(2 * L + 1) * D),
+    _miscount("N = img_size / patch_size counts the patches along one side; an image has (img_size / patch_size)**2",
+              "pos_embed", extra=lambda D, L, P, K, img: (1 + img // P) * D),
 )  # fmt: skip
 
 
@@ -288,28 +242,20 @@ _POST_NORM_SLIPS = turned(_post_norm, (
      "whose gain and bias are learned", None, {"norms": "pp"}),
 ))  # fmt: skip
 _POST_NORM_WRONGS = (
-    KnownWrong(
-        _pre_norm,
-        "this is ViT's pre-norm block, x + f(LN(x)); the post-norm block of the original Transformer "
-        "normalises after the residual add: x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
-    ),
-    KnownWrong(
-        _norm_on_branch,
-        "the LayerNorm is applied to the sub-layer's output only, x + LN(f(x)); post-norm normalises "
-        "the sum: LN(x + f(x))",
-    ),
+    KnownWrong(_pre_norm,
+               "this is ViT's pre-norm block, x + f(LN(x)); the post-norm block of the original Transformer normalises "
+               "after the residual add: x = norm1(x + attn(x)), then x = norm2(x + mlp(x))"),
+    KnownWrong(_norm_on_branch,
+               "the LayerNorm is applied to the sub-layer's output only, x + LN(f(x)); post-norm normalises the sum: "
+               "LN(x + f(x))"),
     *_POST_NORM_SLIPS,
-    KnownWrong(
-        lambda x, b: b.norm2(b.norm1(x + b.attn(x)) + b.mlp(x)),
-        "the MLP reads the block's input; it reads the output of the attention sub-layer: "
-        "x = norm1(x + attn(x)), then x = norm2(x + mlp(x))",
-    ),
-    KnownWrong(
-        _sandwich,
-        "each sub-layer also reads a normalised copy, LN(x + f(LN(x))); in the post-norm block the "
-        "sub-layer reads x itself: LN(x + f(x))",
-    ),
-)
+    KnownWrong(lambda x, b: b.norm2(b.norm1(x + b.attn(x)) + b.mlp(x)),
+               "the MLP reads the block's input; it reads the output of the attention sub-layer: "
+               "x = norm1(x + attn(x)), then x = norm2(x + mlp(x))"),
+    KnownWrong(_sandwich,
+               "each sub-layer also reads a normalised copy, LN(x + f(LN(x))); in the post-norm block the sub-layer "
+               "reads x itself: LN(x + f(x))"),
+)  # fmt: skip
 
 
 def post_norm_block(fn: Callable[..., Any]) -> CheckResult:

@@ -29,18 +29,13 @@ def levit_bias_indices(fn: Callable[..., Any]) -> CheckResult:
     """
     cases = [Case(f"resolution={r}", (r,)) for r in vary((1, 2, 3, 4, 7), lambda g: g.randint(1, 14))]
     wrongs = [
-        KnownWrong(
-            lambda r: _shrink_index(r, 1, order="xy"),
-            "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
-            "gives: number the tokens row by row, (y, x) = (i // r, i % r), with indexing='ij'",
-            13,
-        ),
-        KnownWrong(
-            _signed_index,
-            "these are signed offsets (Swin's (2r - 1)^2 table); LeViT's bias depends on the absolute offsets "
-            "|dy|, |dx| only: index |dy| * r + |dx| into r * r entries",
-        ),
-    ]
+        KnownWrong(lambda r: _shrink_index(r, 1, order="xy"),
+                   "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
+                   "gives: number the tokens row by row, (y, x) = (i // r, i % r), with indexing='ij'", 13),
+        KnownWrong(_signed_index,
+                   "these are signed offsets (Swin's (2r - 1)^2 table); LeViT's bias depends on the absolute offsets "
+                   "|dy|, |dx| only: index |dy| * r + |dx| into r * r entries"),
+    ]  # fmt: skip
     return run_check("levit_bias_indices", fn, cases, lambda r: _shrink_index(r, 1), known_wrong=wrongs, expect=INDEX)
 
 
@@ -67,28 +62,18 @@ def levit_attention_logits(fn: Callable[..., Any]) -> CheckResult:
         scale = D**-0.5
         cases.append(Case(f"q {shape(q)}, k {shape(k)}, scale={scale:g}", (q, k, bias, scale)))
     wrongs = [
-        KnownWrong(
-            lambda q, k, b, s: _logits(q, k, b, s, where="before"),
-            "the bias is added before scaling, (QK^T + B) * scale, as in softmax((QK^T + B) / sqrt(D)); "
-            "the paper's Eq. 1 adds B to the dot product, and the official code computes QK^T * D**-0.5 + B",
-            14,
-        ),
-        KnownWrong(
-            lambda q, k, b, s: _logits(q, k, b, s, where="rescaled"),
-            "the bias is rescaled, QK^T * scale + B / scale (dots + bias / scale); the "
-            "official code adds it as it is: QK^T * D**-0.5 + B",
-            14,
-        ),
-        KnownWrong(
-            lambda q, k, b, s: _logits(q, k, b, s).softmax(dim=-1),
-            "these are attention weights (after the softmax); return the logits",
-        ),
-        KnownWrong(
-            lambda q, k, b, s: (q @ k.transpose(-2, -1)) / s + b,
-            "the logits are divided by scale; scale is already D**-0.5, so multiply",
-        ),
+        KnownWrong(lambda q, k, b, s: _logits(q, k, b, s, where="before"),
+                   "the bias is added before scaling, (QK^T + B) * scale, as in softmax((QK^T + B) / sqrt(D)); the "
+                   "paper's Eq. 1 adds B to the dot product, and the official code computes QK^T * D**-0.5 + B", 14),
+        KnownWrong(lambda q, k, b, s: _logits(q, k, b, s, where="rescaled"),
+                   "the bias is rescaled, QK^T * scale + B / scale (dots + bias / scale); the official code adds it as "
+                   "it is: QK^T * D**-0.5 + B", 14),
+        KnownWrong(lambda q, k, b, s: _logits(q, k, b, s).softmax(dim=-1),
+                   "these are attention weights (after the softmax); return the logits"),
+        KnownWrong(lambda q, k, b, s: (q @ k.transpose(-2, -1)) / s + b,
+                   "the logits are divided by scale; scale is already D**-0.5, so multiply"),
         KnownWrong(lambda q, k, b, s: (q @ k.transpose(-2, -1)) * s, "the bias is missing"),
-    ]
+    ]  # fmt: skip
     return run_check("levit_attention_logits", fn, cases, _logits, known_wrong=wrongs)
 
 
@@ -128,43 +113,28 @@ def levit_shrink_bias_indices(fn: Callable[..., Any]) -> CheckResult:
     pairs = vary(((7, 2), (14, 2), (5, 3), (4, 1), (1, 2)), lambda g: (g.randint(1, 14), g.randint(1, 3)))
     cases = [Case(f"resolution={r}, stride={s}", (r, s)) for r, s in pairs]
     wrongs = [
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, queries="floor"),
-            "r // stride queries per side drops the last row and column when r is odd (LeViT's 7 x 7 -> 4 x 4 "
-            "keeps rows 0, 2, 4, 6): there are ceil(r / stride), torch.arange(0, r, stride)",
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, queries="unstrided"),
-            "the queries sit at (i, j), the top-left corner of the key map; they sit at (stride * i, stride * j)",
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, queries="centred"),
-            "the queries sit in the middle of each stride x stride cell; LeViT subsamples from position 0: rows "
-            "and columns 0, stride, 2 * stride, ...",
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, row="queries"),
-            "the offset is numbered with the query map's side, |dy| * ceil(r / stride) + |dx|; the table has one "
-            "entry per offset on the key map: |dy| * r + |dx|",
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, order="xy"),
-            "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
-            "gives: number the positions row by row with indexing='ij'",
-            13,
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s).T, "the index is (keys, queries); return one row per query: (N_q, r * r)"
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, queries="plus_one"),
-            "(r + 1) // stride queries per side is ceil(r / stride) for stride 2 only (stride 1 adds a row and a "
-            "column past the map): count -(-r // stride), or take torch.arange(0, r, stride)",
-        ),
-        KnownWrong(
-            lambda r, s: _shrink_index(r, s, signed=True),
-            "the offsets are signed (a key above or left of its query gives a negative index); the table is "
-            "indexed by the absolute offsets: |dy| * r + |dx|",
-        ),
-    ]
+        KnownWrong(lambda r, s: _shrink_index(r, s, queries="floor"),
+                   "r // stride queries per side drops the last row and column when r is odd (LeViT's 7 x 7 -> 4 x 4 "
+                   "keeps rows 0, 2, 4, 6): there are ceil(r / stride), torch.arange(0, r, stride)"),
+        KnownWrong(lambda r, s: _shrink_index(r, s, queries="unstrided"),
+                   "the queries sit at (i, j), the top-left corner of the key map; they sit at "
+                   "(stride * i, stride * j)"),
+        KnownWrong(lambda r, s: _shrink_index(r, s, queries="centred"),
+                   "the queries sit in the middle of each stride x stride cell; LeViT subsamples from position 0: rows "
+                   "and columns 0, stride, 2 * stride, ..."),
+        KnownWrong(lambda r, s: _shrink_index(r, s, row="queries"),
+                   "the offset is numbered with the query map's side, |dy| * ceil(r / stride) + |dx|; the table has "
+                   "one entry per offset on the key map: |dy| * r + |dx|"),
+        KnownWrong(lambda r, s: _shrink_index(r, s, order="xy"),
+                   "the x and y offsets are swapped (|dx| * r + |dy|), which is also what meshgrid(..., indexing='xy') "
+                   "gives: number the positions row by row with indexing='ij'", 13),
+        KnownWrong(lambda r, s: _shrink_index(r, s).T,
+                   "the index is (keys, queries); return one row per query: (N_q, r * r)"),
+        KnownWrong(lambda r, s: _shrink_index(r, s, queries="plus_one"),
+                   "(r + 1) // stride queries per side is ceil(r / stride) for stride 2 only (stride 1 adds a row and "
+                   "a column past the map): count -(-r // stride), or take torch.arange(0, r, stride)"),
+        KnownWrong(lambda r, s: _shrink_index(r, s, signed=True),
+                   "the offsets are signed (a key above or left of its query gives a negative index); the table is "
+                   "indexed by the absolute offsets: |dy| * r + |dx|"),
+    ]  # fmt: skip
     return run_check("levit_shrink_bias_indices", fn, cases, _shrink_index, known_wrong=wrongs, expect=INDEX)

@@ -24,27 +24,18 @@ def _unpatchify(patches: Tensor, patch_size: int, grid_size: tuple[int, int]) ->
     return rearrange(patches, "B (h w) (p1 p2 C) -> B C (h p1) (w p2)", h=h, p1=p, p2=p)
 
 
-def _patchify_wrongs() -> list[KnownWrong]:
-    return [
-        KnownWrong(
-            lambda x, p: F.unfold(x, kernel_size=p, stride=p).transpose(1, 2),  # (c p1 p2)
-            "each patch's pixels are in (c p1 p2) order, what F.unfold gives; this exercise asks for "
-            "(p1 p2 c), as vitlab.layers.patchify: rearrange 'B C (h p1) (w p2) -> B (h w) (p1 p2 C)'",
-        ),
-        KnownWrong(
-            lambda x, p: rearrange(x, "B C (h p1) (w p2) -> B (w h) (p1 p2 C)", p1=p, p2=p),
-            "the patches are numbered column by column (w h); number them row by row (h w)",
-        ),
-        KnownWrong(
-            lambda x, p: rearrange(x, "B C (h p1) (w p2) -> B (h w) (p2 p1 C)", p1=p, p2=p),
-            "each patch is flattened column by column (p2 p1 c); flatten it row by row (p1 p2 c)",
-        ),
-        KnownWrong(
-            lambda x, p: x.reshape(x.shape[0], -1, p * p * x.shape[1]),
-            "a plain reshape of (B, C, H, W) does not cut P x P patches: split H and W into "
-            "(h p1) and (w p2) first, e.g. with einops.rearrange",
-        ),
-    ]
+_PATCHIFY_WRONGS = (
+    KnownWrong(lambda x, p: F.unfold(x, kernel_size=p, stride=p).transpose(1, 2),
+               "each patch's pixels are in (c p1 p2) order, what F.unfold gives; this exercise asks for (p1 p2 c), "
+               "as vitlab.layers.patchify: rearrange 'B C (h p1) (w p2) -> B (h w) (p1 p2 C)'"),
+    KnownWrong(lambda x, p: rearrange(x, "B C (h p1) (w p2) -> B (w h) (p1 p2 C)", p1=p, p2=p),
+               "the patches are numbered column by column (w h); number them row by row (h w)"),
+    KnownWrong(lambda x, p: rearrange(x, "B C (h p1) (w p2) -> B (h w) (p2 p1 C)", p1=p, p2=p),
+               "each patch is flattened column by column (p2 p1 c); flatten it row by row (p1 p2 c)"),
+    KnownWrong(lambda x, p: x.reshape(x.shape[0], -1, p * p * x.shape[1]),
+               "a plain reshape of (B, C, H, W) does not cut P x P patches: split H and W into (h p1) and (w p2) "
+               "first, e.g. with einops.rearrange"),
+)  # fmt: skip
 
 
 def patchify(fn: Callable[..., Any]) -> CheckResult:
@@ -56,7 +47,7 @@ def patchify(fn: Callable[..., Any]) -> CheckResult:
     for seed, (B, C, H, W, P) in enumerate(_IMAGES):
         x = randn(seed, B, C, H, W)
         cases.append(Case(f"images {shape(x)}, patch_size={P}", (x, P)))
-    return run_check("patchify", fn, cases, _patchify, known_wrong=_patchify_wrongs())
+    return run_check("patchify", fn, cases, _patchify, known_wrong=_PATCHIFY_WRONGS)
 
 
 def unpatchify(fn: Callable[..., Any]) -> CheckResult:
@@ -70,18 +61,12 @@ def unpatchify(fn: Callable[..., Any]) -> CheckResult:
         grid = (H // P, W // P)
         cases.append(Case(f"patches {shape(patches)}, patch_size={P}, grid_size={grid}", (patches, P, grid)))
     wrongs = [
-        KnownWrong(
-            lambda x, p, g: rearrange(x, "B (h w) (C p1 p2) -> B C (h p1) (w p2)", h=g[0], p1=p, p2=p),
-            "each patch's pixels were read as (c p1 p2); patchify wrote them (p1 p2 c)",
-        ),
-        KnownWrong(
-            lambda x, p, g: rearrange(x, "B (w h) (p1 p2 C) -> B C (h p1) (w p2)", h=g[0], p1=p, p2=p),
-            "the patches were read column by column (w h); patchify numbers them row by row (h w)",
-        ),
-        KnownWrong(
-            lambda x, p, g: x.reshape(x.shape[0], -1, g[0] * p, g[1] * p),
-            "a plain reshape does not put the patches back in place: rearrange "
-            "'B (h w) (p1 p2 C) -> B C (h p1) (w p2)'",
-        ),
-    ]
+        KnownWrong(lambda x, p, g: rearrange(x, "B (h w) (C p1 p2) -> B C (h p1) (w p2)", h=g[0], p1=p, p2=p),
+                   "each patch's pixels were read as (c p1 p2); patchify wrote them (p1 p2 c)"),
+        KnownWrong(lambda x, p, g: rearrange(x, "B (w h) (p1 p2 C) -> B C (h p1) (w p2)", h=g[0], p1=p, p2=p),
+                   "the patches were read column by column (w h); patchify numbers them row by row (h w)"),
+        KnownWrong(lambda x, p, g: x.reshape(x.shape[0], -1, g[0] * p, g[1] * p),
+                   "a plain reshape does not put the patches back in place: "
+                   "rearrange 'B (h w) (p1 p2 C) -> B C (h p1) (w p2)'"),
+    ]  # fmt: skip
     return run_check("unpatchify", fn, cases, _unpatchify, known_wrong=wrongs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -10,17 +11,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from vitlab.checks._core import (
-    SCRAMBLING_RESHAPE,
-    SWAPPED_GRID,
-    Case,
-    CheckResult,
-    KnownWrong,
-    generator,
-    run_check,
-    shape,
-)
-from vitlab.checks._slips import COLUMN_MAJOR, GRID_W_H, PADDING, RESHAPED_WEIGHT, pad
+from vitlab.checks._core import Case, CheckResult, KnownWrong, generator, run_check, shape
+from vitlab.checks._slips import COLUMN_MAJOR, GRID_W_H, PADDING, RESHAPED_WEIGHT, SCRAMBLING_RESHAPE, SWAPPED_GRID, pad
 
 
 def _pool(
@@ -33,13 +25,6 @@ def _pool(
     if repeated:  # input channel j % C feeds output channel j
         return F.conv2d(x.repeat(1, 2, 1, 1), weight, bias, stride=stride, padding=padding, groups=weight.shape[0])
     return F.conv2d(x, weight, bias, stride=stride, padding=padding, groups=x.shape[1])
-
-
-# Two slips of a pooling written without groups=: the channels tiled with repeat, and the padding.
-_REPEATED = (
-    "the input channels are tiled with repeat (c0 c1 ... c0 c1 ...), so output channel j reads input channel "
-    "j % C; with groups=C, output channels 2c and 2c + 1 both read input channel c: repeat_interleave(2, dim=1)"
-)
 
 
 def _stage(
@@ -106,7 +91,9 @@ def pit_pooling_stage(fn: Callable[..., Any]) -> CheckResult:
         "no_cls": "the cls token is missing: put it back in front of the pooled tokens",
         "cls_last": "the cls token was put back at the end; PiT keeps it first: cat([cls, tokens], dim=1)",
         "no_padding": "the convolution is not padded; PiT pads by 1, so an H x W grid becomes ceil(H/2) x ceil(W/2)",
-        "repeated": _REPEATED,
+        "repeated": "the input channels are tiled with repeat (c0 c1 ... c0 c1 ...), so output channel j reads "
+        "input channel j % C; with groups=C, output channels 2c and 2c + 1 both read input channel c: "
+        "repeat_interleave(2, dim=1)",
         **PADDING,
         "grid_w_h": GRID_W_H,
         "columns": COLUMN_MAJOR,
@@ -114,7 +101,5 @@ def pit_pooling_stage(fn: Callable[..., Any]) -> CheckResult:
         "conv_bias": "the convolution's bias is missing: F.conv2d(..., conv_bias, ...)",
         "fc_bias": "the Linear's bias is missing: F.linear(cls, fc_weight, fc_bias)",
     }
-    wrongs = [
-        KnownWrong(lambda *args, kind=kind: _stage(*args, wrong=kind), message) for kind, message in kinds.items()
-    ]
+    wrongs = [KnownWrong(partial(_stage, wrong=kind), message) for kind, message in kinds.items()]
     return run_check("pit_pooling_stage", fn, cases, _stage, known_wrong=wrongs)

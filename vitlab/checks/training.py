@@ -76,10 +76,8 @@ def warmup_cosine(fn: Callable[..., Any]) -> CheckResult:
     ]  # fmt: skip
     # atol 1e-6: float32 is off by up to 1.3e-7 where the cosine nears 0 (1 + cos cancels),
     # while each slip above is off by 0.1 or more somewhere.
-    return run_check(
-        "warmup_cosine", fn, cases, _warmup_cosine, known_wrong=wrongs,
-        expect=Expect(kind="number", rtol=1e-6, atol=1e-6),
-    )  # fmt: skip
+    expect = Expect(kind="number", rtol=1e-6, atol=1e-6)
+    return run_check("warmup_cosine", fn, cases, _warmup_cosine, known_wrong=wrongs, expect=expect)
 
 
 def _fused(maps: Sequence[Tensor]) -> list[Tensor]:
