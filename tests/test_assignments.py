@@ -2,7 +2,8 @@
 
 The notebooks here are fabricated (tests/grader_release.py): two "implement it" exercises on real checks
 (``t2t_token_count``, ``scaled_dot_product_attention``) and one question. Kernels are the
-slow part (a few seconds each), so one module fixture runs them all in one ``grade`` call.
+slow part (a few seconds each), so one module fixture runs them all in one ``grade`` call,
+with the notebook of the per-cell limits graded beside it in a second process.
 """
 
 from __future__ import annotations
