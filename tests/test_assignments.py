@@ -227,12 +227,12 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (``"cell_limit"``): its kernel mostly sleeps, as the hanging notebook here does.
     """
     root = tmp_path_factory.mktemp("course")
-    write(instructor_notebook(), root / "instructor" / "ch.ipynb")
+    instructor = write(instructor_notebook(), root / "instructor" / "ch.ipynb")
+    (copy,) = make_student([instructor], root / "cell_limit" / "release")  # first: the longest run starts now
+    process, cell_limit_json, checks = start_cell_limit_run(copy.target, root / "cell_limit")
     command = ["-m", "vitlab_grader", "student", str(root / "instructor"), "--out", str(root / "student")]
     subprocess.run([sys.executable, *command], check=True, capture_output=True, text=True)
     student = root / "student" / "ch.ipynb"
-    (root / "cell_limit").mkdir()
-    process, cell_limit_json, checks = start_cell_limit_run(student, root / "cell_limit")
     subs = root / "submissions"
     paths = [  # the hanging one first, so that its wait overlaps the others
         submission(student, TOKEN_HANGS, ATTENTION_RIGHT, subs / "hangs.ipynb"),
