@@ -2,7 +2,8 @@
 
 The notebooks here are fabricated (tests/grader_release.py): two "implement it" exercises on real checks
 (``t2t_token_count``, ``scaled_dot_product_attention``) and one question. Kernels are the
-slow part (a few seconds each), so one module fixture runs them all in one ``grade`` call.
+slow part (a few seconds each), so one module fixture runs them all in one ``grade`` call,
+with the notebook of the per-cell limits graded beside it in a second process.
 """
 
 from __future__ import annotations
@@ -183,16 +184,52 @@ def test_vitlab_needs_none_of_the_graders_dependencies() -> None:
 # ---------------------------------------------------------------- grading (kernels)
 
 
-# The tests below share one fixture that grades eight notebooks in kernels (about 90 s on
-# two busy cores), so they are marked slow; the fast tests after them cover the same code
-# on fabricated results.
+# The tests below share one fixture that grades eight notebooks in kernels, and beside them,
+# in a second `grade` process, the notebook of the per-cell limits (about 60 s on two busy
+# cores: both mostly wait on hanging cells), so they are marked slow; the fast tests after
+# them cover the same code on fabricated results.
+
+STUBBORN = """import time
+
+while True:  # does not stop when interrupted: the grader must restart the kernel
+    try:
+        time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass"""
+CELL_LIMIT = 15  # seconds per cell: above the import of torch and vitlab in a kernel on a busy two-core machine
+
+
+def start_cell_limit_run(student: Path, folder: Path) -> tuple[subprocess.Popen, Path, list[int]]:
+    """Start, in a process of its own, the grading of a notebook whose cells pass ``CELL_LIMIT``.
+
+    Its token check hangs (interrupted) and a cell before the attention check ignores the
+    interrupt (a restart and a replay); ``(the process, its JSON, the check cells' indices)``.
+    """
+    path = submission(student, TOKEN_HANGS, ATTENTION_RIGHT, folder / "s7_ch.ipynb")
+    notebook = nbformat.read(path, as_version=4)
+    checks = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
+    notebook.cells.insert(checks[1], new_code_cell(STUBBORN))
+    notebook.cells.insert(checks[0] + 1, new_code_cell("undefined_name"))
+    nbformat.write(notebook, path)
+    out = folder / "results.json"
+    argv = ["grade", str(path), "--release", str(student), "--out", str(folder / "r.csv"), "--json", str(out)]
+    argv += ["--timeout", "300", "--cell-timeout", str(CELL_LIMIT)]
+    with open(folder / "stdout.txt", "w", encoding="utf-8") as log:  # the child keeps its own copy
+        process = subprocess.Popen([sys.executable, "-m", "vitlab_grader", *argv], stdout=log, stderr=subprocess.STDOUT)
+    return process, out, checks
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Student copy made by the CLI, five submissions and a broken file, graded in one call."""
+    """Student copy made by the CLI, five submissions and a broken file, graded in one call.
+
+    The notebook of the per-cell limits is graded at the same time in another process
+    (``"cell_limit"``): its kernel mostly sleeps, as the hanging notebook here does.
+    """
     root = tmp_path_factory.mktemp("course")
-    write(instructor_notebook(), root / "instructor" / "ch.ipynb")
+    instructor = write(instructor_notebook(), root / "instructor" / "ch.ipynb")
+    (copy,) = make_student([instructor], root / "cell_limit" / "release")  # first: the longest run starts now
+    process, cell_limit_json, checks = start_cell_limit_run(copy.target, root / "cell_limit")
     command = ["-m", "vitlab_grader", "student", str(root / "instructor"), "--out", str(root / "student")]
     subprocess.run([sys.executable, *command], check=True, capture_output=True, text=True)
     student = root / "student" / "ch.ipynb"
@@ -214,8 +251,14 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     argv += ["--gradebook", str(book), "--id-column", "SIS User ID", "--feedback", str(root / "feedback")]
     # two at a time: kernel start-up and imports overlap, and the worker pool is exercised
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main([*argv, "--jobs", "2"]) == 0
+    try:
+        with contextlib.redirect_stdout(stdout):
+            assert main([*argv, "--jobs", "2"]) == 0
+    finally:
+        returncode = process.wait(timeout=600)
+    log = (root / "cell_limit" / "stdout.txt").read_text(encoding="utf-8")
+    assert returncode == 0, log
+    (cell_limit,) = json.loads(cell_limit_json.read_text())["notebooks"]
     with open(out_csv, newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     by_name: dict[str, list[dict[str, str]]] = {}
@@ -227,7 +270,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     feedback = {p.name: p.read_text(encoding="utf-8") for p in (root / "feedback").iterdir()}
     return {
         "rows": by_name, "json": json.loads(out_json.read_text()), "stdout": stdout.getvalue(),
-        "gradebook": gradebook, "feedback": feedback,
+        "gradebook": gradebook, "feedback": feedback, "cell_limit": cell_limit, "cell_limit_checks": checks,
     }  # fmt: skip
 
 
@@ -443,40 +486,19 @@ def test_feedback_markdown_without_a_kernel(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- per-cell time limits (kernels, slow)
 
-STUBBORN = """import time
-
-while True:  # does not stop when interrupted: the grader must restart the kernel
-    try:
-        time.sleep(0.1)
-    except KeyboardInterrupt:
-        pass"""
-
 
 @pytest.mark.slow
-def test_a_cell_past_its_limit_costs_only_that_cell(tmp_path: Path) -> None:
+def test_a_cell_past_its_limit_costs_only_that_cell(graded: dict) -> None:
     """A hanging check is interrupted; a cell that ignores the interrupt gets a restart and a replay.
 
     The later check still passes (the replay defined ``attention`` and imported vitlab again),
     and the JSON keeps the first error outside the checks although the notebook timed out.
+    Graded by ``start_cell_limit_run``, beside the fixture's other notebooks.
     """
-    cell_limit = 15  # above the import of torch and vitlab in a kernel on a busy two-core machine
-    instructor = write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
-    (copy,) = make_student([instructor], tmp_path / "student")
-    path = submission(copy.target, TOKEN_HANGS, ATTENTION_RIGHT, tmp_path / "subs" / "s7_ch.ipynb")
-    notebook = nbformat.read(path, as_version=4)
-    checks = [i for i, c in enumerate(notebook.cells) if "check" in c.metadata.get("tags", [])]
-    notebook.cells.insert(checks[1], new_code_cell(STUBBORN))
-    notebook.cells.insert(checks[0] + 1, new_code_cell("undefined_name"))
-    nbformat.write(notebook, path)
-    out = tmp_path / "results.json"
-    argv = ["grade", str(path), "--release", str(copy.target), "--out", str(tmp_path / "r.csv"), "--json", str(out)]
-    argv += ["--timeout", "300"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert main([*argv, "--cell-timeout", str(cell_limit)]) == 0
-    (result,) = json.loads(out.read_text())["notebooks"]
+    result, checks = graded["cell_limit"], graded["cell_limit_checks"]
     token, attention = result["exercises"]
     assert (token["status"], token["score"]) == ("TIMEOUT", 0)
-    assert token["message"] == f"ran past the {cell_limit} s cell limit in the check of token_count ({TOKEN})"
+    assert token["message"] == f"ran past the {CELL_LIMIT} s cell limit in the check of token_count ({TOKEN})"
     assert (attention["status"], attention["score"]) == ("PASS", 2), attention
     assert result["status"] == "TIMEOUT" and result["restarts"] == 1
     assert result["timed_out_cells"] == [checks[1] + 1]  # the stubborn cell, numbered as in the submission

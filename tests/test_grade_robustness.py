@@ -30,7 +30,8 @@ from nbformat.v4 import new_code_cell
 from conftest import ATTENTION_RIGHT, ATTENTION_STUB, TOKEN, cell_of, honest, release_notebook
 from vitlab_grader import make_student
 from vitlab_grader.__main__ import main
-from vitlab_grader.grade import ANSWERS_LIMIT, ExerciseResult, NotebookResult, _load_answers, grade
+from vitlab_grader.grade import ANSWERS_LIMIT, OUTPUT_LIMIT, ExerciseResult, NotebookResult, _load_answers, grade
+from vitlab_grader.isolation import MESSAGE_LIMIT
 
 grade_module = importlib.import_module("vitlab_grader.grade")  # the module (the package exports a function grade)
 
@@ -42,9 +43,10 @@ from vitlab_grader.harness import answer_cases
 answer_cases('.vitlab-grader/1-cases.pt', '.vitlab-grader/1-answers.pt', lambda: _reference)"""
 META = "def attention(q, k, v, mask=None):\n    return torch.empty(v.shape, device='meta')"
 FAKE_TIMEOUT = "class CellTimeoutError(Exception):\n    pass\n\nraise CellTimeoutError('not a timeout')"
-PRINTS = (
-    "import sys\n\nfor _ in range(24):\n    print('x' * 2**20, flush=True)  # one message each\n"
-    "print('y' * 48 * 2**20)  # one message over the grader's message limit: dropped"
+PRINTS = (  # just past each limit: every byte printed is one the kernel and the grader move
+    f"for _ in range({OUTPUT_LIMIT // 2**20 + 1}):  # past the outputs' limit, one message each\n"
+    "    print('x' * 2**20, flush=True)\n"
+    f"print('y' * {MESSAGE_LIMIT + 2**20})  # one message over the grader's message limit: dropped"
 )
 
 

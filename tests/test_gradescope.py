@@ -159,18 +159,22 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     out = build([release], tmp_path / "autograder.zip", timeout=120, secret=SECRET)  # hidden cases too
     root = autograder_folder(out, tmp_path / "autograder", [sub])
     env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
-    done = subprocess.run(
-        [str(root / "run_autograder"), "--root", str(root)],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
+    # the autograder's kernel and grade's below run at the same time: each mostly waits on its own
+    with open(tmp_path / "stderr.txt", "w", encoding="utf-8") as stderr:  # the child keeps its own copy
+        autograder = subprocess.Popen(
+            [str(root / "run_autograder"), "--root", str(root)],
+            env=env,
+            cwd=root,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        (expected,) = grade([sub], [release], timeout=120, secret=SECRET)
+    finally:
+        returncode = autograder.wait(timeout=600)
+    assert returncode == 0, (tmp_path / "stderr.txt").read_text(encoding="utf-8")
     document = json.loads((root / "results" / "results.json").read_text())
     check_results(document)
-    (expected,) = grade([sub], [release], timeout=120, secret=SECRET)
     assert "hidden cases" in expected.exercises[1].message  # the right attention passes its hidden cases
     assert [(t["score"], t["max_score"]) for t in document["tests"]] == [
         (e.score, e.points) for e in expected.exercises

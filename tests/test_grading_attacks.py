@@ -17,8 +17,9 @@ work is worth 1 point; then it attacks, one kind per notebook (the kinds of issu
 9. call the check's private reference through a name no scan can read, or through ``sys.modules``
    (a tripwire in the kernel: it computes nothing, and the call is reported).
 
-All of them are graded in one ``grade`` run (kernels are the slow part: a few seconds each).
-The in-place and float probes at the end need no kernel.
+All of them are graded in one ``grade`` run with the release's secret (kernels are the slow
+part: a few seconds each), beside a table of the public cases' outputs (what the hidden cases
+are for). The in-place and float probes at the end need no kernel.
 """
 
 from __future__ import annotations
@@ -251,25 +252,32 @@ def attacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     private.cells[cell_of(private, ATTENTION_STUB)].source = steal
     nbformat.write(private, subs / "6_private_reference_ch.ipynb")
     nbformat.write(honest(copy.target), subs / "honest_ch.ipynb")
+    lookup = honest(copy.target)
+    lookup.cells[cell_of(lookup, ATTENTION_STUB)].source = LOOKUP.format(table=public_outputs(ATTENTION))
+    nbformat.write(lookup, subs / "lookup_ch.ipynb")
     for name, (change, _) in ATTACKS.items():
         notebook = honest(copy.target)
         change(notebook, paths)
         nbformat.write(notebook, subs / f"{name}_ch.ipynb")
+    (root / "hidden.key").write_text(HIDDEN_SECRET.hex() + "\n", encoding="ascii")
     os.environ[SECRET] = "hunter2"
     out = root / "results.json"
     argv = ["grade", str(subs), "--release", str(root / "release"), "--out", str(root / "r.csv"), "--json", str(out)]
     argv += ["--gradebook", str(paths["gradebook"]), "--feedback", str(root / "feedback"), "--timeout", "60"]
+    argv += ["--secret", str(root / "hidden.key")]
     stdout = io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout):
             assert main([*argv, "--jobs", "2", "--id-source", "file"]) == 0
     finally:
         del os.environ[SECRET]
-    time.sleep(5)  # the detached process would have written its marker by now
+    graded = time.monotonic()
     results = {Path(n["notebook"]).name.removesuffix("_ch.ipynb"): n for n in json.loads(out.read_text())["notebooks"]}
     with open(paths["gradebook"], newline="", encoding="utf-8") as handle:
         gradebook = {row["student_id"]: row for row in csv.DictReader(handle)}
-    return {"results": results, "paths": paths, "gradebook": gradebook, "feedback": root / "feedback"}
+    return {
+        "results": results, "paths": paths, "gradebook": gradebook, "feedback": root / "feedback", "graded": graded,
+    }  # fmt: skip
 
 
 def report(result: dict[str, Any]) -> str:
@@ -314,14 +322,6 @@ def test_a_copied_reference_keeps_its_score_and_is_flagged_by_name(attacked: dic
     assert any(a.startswith(f"the code called {REFERENCE}") for a in private["anomalies"]), report(private)
     feedback = (attacked["feedback"] / "6_copied_ch.md").read_text(encoding="utf-8")
     assert "Score: **3 / 3**" in feedback and "explicit" not in feedback  # the flag is the instructor's
-
-
-@pytest.mark.slow
-def test_nothing_outlives_the_grading_and_no_file_outside_the_folder_changes(attacked: dict[str, Any]) -> None:
-    paths = attacked["paths"]
-    assert not paths["marker"].exists(), "a process the kernel started ran after grading"
-    if attacked["results"]["7_at_grading_time"]["sandbox"] != "none":
-        assert paths["classmate"].read_text(encoding="utf-8").startswith("{")  # the sandbox cannot write there
 
 
 @pytest.mark.slow
@@ -541,30 +541,36 @@ def attention(q, k, v, mask=None):
 """
 
 
-@pytest.mark.slow
-def test_a_lookup_table_graded_with_the_secret_gets_the_public_points_and_is_reported(tmp_path: Path) -> None:
+def public_outputs(check: str) -> dict[str, Any]:
+    """The reference's outputs of ``check``'s public cases as lists, keyed as ``LOOKUP`` keys them."""
     import hashlib
 
     from vitlab.checks._core import _call
-    from vitlab_grader import grade
     from vitlab_grader.specs import check_spec
 
-    instructor = tmp_path / "instructor" / "ch.ipynb"
-    instructor.parent.mkdir()
-    nbformat.write(release_notebook(), instructor)
-    (copy,) = make_student([instructor], tmp_path / "release")
-    spec = check_spec(ATTENTION)
-    table = {
+    spec = check_spec(check)
+    return {
         hashlib.sha256(repr(_inputs(c)).encode()).hexdigest(): _call(spec.reference, c).tolist() for c in spec.cases
     }
-    notebook = honest(copy.target)
-    notebook.cells[cell_of(notebook, ATTENTION_STUB)].source = LOOKUP.format(table=table)
-    path = tmp_path / "subs" / "lookup_ch.ipynb"
-    path.parent.mkdir()
-    nbformat.write(notebook, path)
-    (hidden,) = grade([path], [copy.target], timeout=60, secret=HIDDEN_SECRET)  # public alone: full marks (above)
-    attention = hidden.exercises[1]
-    assert (hidden.score, attention.status, attention.fraction) == (2, "FAIL", 0.5), attention.message
-    assert "5 of 5 hidden cases do not" in attention.message
-    assert any(a.startswith(f"{ATTENTION}: every public case passes, but hidden cases fail") for a in hidden.anomalies)
-    assert hidden.exercises[0].status == "PASS" and hidden.exercises[0].fraction == 1  # honest work: all cases
+
+
+@pytest.mark.slow
+def test_a_lookup_table_graded_with_the_secret_gets_the_public_points_and_is_reported(attacked: dict[str, Any]) -> None:
+    hidden = attacked["results"]["lookup"]  # public cases alone: full marks (above)
+    token, attention = hidden["exercises"]
+    assert (hidden["score"], attention["status"], attention["fraction"]) == (2, "FAIL", 0.5), attention["message"]
+    assert "5 of 5 hidden cases do not" in attention["message"]
+    assert any(
+        a.startswith(f"{ATTENTION}: every public case passes, but hidden cases fail") for a in hidden["anomalies"]
+    )
+    assert token["status"] == "PASS" and token["fraction"] == 1  # honest work: all cases
+
+
+@pytest.mark.slow
+def test_nothing_outlives_the_grading_and_no_file_outside_the_folder_changes(attacked: dict[str, Any]) -> None:
+    """Last in the file: the tests above run while the detached process (4 s of sleep) would still be alive."""
+    time.sleep(max(0.0, attacked["graded"] + 5 - time.monotonic()))  # by now it would have written its marker
+    paths = attacked["paths"]
+    assert not paths["marker"].exists(), "a process the kernel started ran after grading"
+    if attacked["results"]["7_at_grading_time"]["sandbox"] != "none":
+        assert paths["classmate"].read_text(encoding="utf-8").startswith("{")  # the sandbox cannot write there
