@@ -37,13 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 # is free, except these files, whose tests share one worker, one after the other: the book's
 # tests (one build of the book for both: book_build.py), and the tests that start Jupyter
 # kernels with timeouts (the grader and its sandbox), so that two of them never compete for
-# the same two cores. Each notebook (nbval: its cells run in order in one kernel) is a group too.
+# the same two cores; test_assignments.py's kernels mostly wait on hanging cells, so that file
+# is a group of its own, beside the others. Each notebook (nbval: its cells run in order in one
+# kernel) is a group too.
 XDIST_GROUPS = {
     "test_book.py": "book",
     "test_browser.py": "book",
     "test_quiz.py": "book",
     "test_browser_explorer.py": "book",
-    "test_assignments.py": "kernels",
+    "test_assignments.py": "kernels-waiting",
     "test_grading_attacks.py": "kernels",
     "test_isolation.py": "kernels",
     "test_grade_robustness.py": "kernels",
