@@ -59,7 +59,17 @@ def test_every_row_names_a_source() -> None:
             assert row.get("Source", "").strip(" —-"), f"{name}: no source"
 
 
-@pytest.mark.parametrize("name", vitlab.list_models())
+def first_of_each_family_fast(names: list[str]) -> list:
+    """Every preset; all but each family's first are slow (``make test`` runs them all)."""
+    seen: set[str] = set()
+    params = []
+    for name in names:
+        params.append(pytest.param(name, marks=pytest.mark.slow) if family_of(name) in seen else name)
+        seen.add(family_of(name))
+    return params
+
+
+@pytest.mark.parametrize("name", first_of_each_family_fast(vitlab.list_models()))
 def test_parameters_macs_and_tokens(name: str) -> None:
     """One meta-device forward pass per model (``vitlab.family.model_table``)."""
     row = rows_by_column("Parameters")[name]
