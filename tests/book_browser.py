@@ -2,7 +2,8 @@
 
 Test modules never import each other, so the pieces a second browser test needs live here:
 the server that serves the built book on 127.0.0.1, the Chromium flags that keep it off the
-network, the rule that tells this machine's requests from another host's, and axe-core.
+network, the rule that tells this machine's requests from another host's, and axe-core. The
+fixtures that serve and open the book are book_build.py's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The book, built once per test session: a pytest plugin that test_book.py and test_browser.py load.
+"""The book, built once per test session: a pytest plugin that test_book.py and the browser tests load.
 
 Both modules say ``pytest_plugins = ["book_build"]``, so the ``html`` fixture is registered
 once, for the whole session, and the book is built once however many modules use it. A
 session here is one process: under pytest-xdist (``make test`` runs two workers) both
 modules are one group (``XDIST_GROUPS`` in conftest.py), so they run in the same worker and
-share its one build. Both are marked slow, so ``make test-fast`` builds nothing.
+share its one build. Both are marked slow, so ``make test-fast`` builds nothing. The browser
+tests also take ``site`` (the build served on 127.0.0.1) and ``browser`` (Chromium) from here.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from book_browser import chromium, serve
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Sphinx colours its log even when it is not a terminal
@@ -58,3 +62,16 @@ def html(tmp_path_factory: pytest.TempPathFactory) -> Path:
         problems = [line for line in log if "WARNING" in line or "ERROR" in line]
         pytest.fail("book build failed:\n" + "\n".join(problems or log[-40:]), pytrace=False)
     return out / "_build" / "html"
+
+
+@pytest.fixture(scope="module")
+def site(html: Path) -> Iterator[str]:
+    """The built book served on 127.0.0.1 (a free port) for the module; its base URL."""
+    with serve(html) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as opened:
+        yield opened

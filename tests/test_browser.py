@@ -20,7 +20,7 @@ import functools
 import json
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -29,14 +29,14 @@ from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import urlopen
 
 import pytest
-from book_browser import AXE, AXE_TAGS, SCREENSHOTS, chromium, is_local, serve
+from book_browser import AXE, AXE_TAGS, SCREENSHOTS, is_local
 
 from conftest import ROOT, toc_files
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
 
-pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+pytest_plugins = ["book_build"]  # the book, built once (`html`); `site` serves it, `browser` opens it
 # Slow (a strict book build, then a browser): not in `make test-fast`. Under pytest-xdist both
 # modules run in one worker (conftest.XDIST_GROUPS), so the book is built once there too.
 pytestmark = pytest.mark.slow
@@ -129,19 +129,6 @@ MAX_SCROLLING_SHARE = 0.10  # of a page's code blocks, at 1280 px
 MIN_FIGURE_SCALE = 0.70  # no figure shown below 70 % of its intended size at 1280 px
 # alt text a screen reader would read out as noise: a file name or a build path
 NOISE_ALT = ("../_images/", ".png", ".jpg", ".svg")
-
-
-@pytest.fixture(scope="module")
-def site(html: Path) -> Iterator[str]:
-    """The built book served on 127.0.0.1 (a free port) for the module; its base URL."""
-    with serve(html) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as opened:
-        yield opened
 
 
 @dataclass

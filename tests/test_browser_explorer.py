@@ -18,19 +18,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from book_browser import SCREENSHOTS, axe, chromium, is_local, serve
+from book_browser import SCREENSHOTS, axe, is_local
 
 from conftest import ROOT, toc_files
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
-pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+pytest_plugins = ["book_build"]  # the book, built once (`html`); `site` serves it, `browser` opens it
 pytestmark = pytest.mark.slow
 
 WIDTHS = {"laptop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}  # in this order
@@ -59,18 +58,6 @@ CHAPTERS = {page: figures for page, (figures, _) in FIGURES.items() if figures}
 # markup with other data, and test_browser.py runs it over every whole page.
 FIRST = next((page for page, (_, explorers) in FIGURES.items() if explorers), "")
 CASES = [("en", page) for page in CHAPTERS] + [("ko", FIRST), ("zh", FIRST)]
-
-
-@pytest.fixture(scope="module")
-def site(html: Path) -> Iterator[str]:
-    with serve(html) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as opened:
-        yield opened
 
 
 # The state of figure `index`: its controls' signals, the slider, and the items the "keys"

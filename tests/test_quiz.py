@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from book_browser import SCREENSHOTS, axe, chromium, is_local, serve
+from book_browser import SCREENSHOTS, axe, is_local
 
 from conftest import ROOT, toc_files
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from quiz import LABELS, MAX_QUESTIONS, MIN_QUESTIONS, QuizError, parse_quiz  # noqa: E402 (book/_ext is no package)
 
-pytest_plugins = ["book_build"]  # the session-wide `html` fixture: the book, built once
+pytest_plugins = ["book_build"]  # the book, built once (`html`); `site` serves it, `browser` opens it
 
 HEADING = "## Check your understanding"
 CHAPTERS = [page for page in toc_files() if page.startswith("notebooks/")]
@@ -166,18 +165,6 @@ FEEDBACK = """(question) => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def quiz_site(html: Path) -> Iterator[str]:
-    with serve(html) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as opened:
-        yield opened
-
-
 def _answer(page: Any, question: Any, option: int, *, keyboard: bool) -> dict[str, Any]:
     """Choose an option and press Check, by keyboard (focus the group, arrow keys choose, Enter
     on the button) or by mouse or touch (click the option's label); return the FEEDBACK."""
@@ -228,7 +215,7 @@ def _wrong_then_right(page: Any, question: Any, labels: dict[str, str], *, keybo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("language", EDITIONS)
-def test_quiz_answered_wrong_then_right(browser: Any, quiz_site: str, language: str) -> None:
+def test_quiz_answered_wrong_then_right(browser: Any, site: str, language: str) -> None:
     """At laptop width the first question is answered by keyboard, then at phone width the
     second by touch (the same page, resized); axe checks the answered quiz once, in English."""
     labels = LABELS[language]
@@ -245,7 +232,7 @@ def test_quiz_answered_wrong_then_right(browser: Any, quiz_site: str, language: 
     page.on("console", lambda m: m.type == "error" and errors.append(m.text))
     page.on("pageerror", lambda error: errors.append(str(error)))
     try:
-        page.goto(f"{quiz_site}{EDITIONS[language]}{PAGE}.html", wait_until="load")
+        page.goto(f"{site}{EDITIONS[language]}{PAGE}.html", wait_until="load")
         questions = page.locator(".vl-quiz-question")
         for width, number in (("laptop", 0), ("phone", 1)):
             page.set_viewport_size(WIDTHS[width])
