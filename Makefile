@@ -32,10 +32,17 @@ help:
 
 # Re-installs only when a requirements file or a pyproject.toml changes. Both packages are
 # installed editable: vitlab (the students') and vitlab-grader (grader/, the instructor's).
+# uv installs the wheels in parallel (on 2 cores about 35 s, where pip takes about 95 s). It
+# reads no pip configuration file, so the indexes, links and constraints pip is set up with
+# (`pip config list`) are handed on, and it picks among indexes as pip does (best match).
+PIP_CONFIG_AS_UV := awk -F= '{ n = split($$1, key, "."); name = key[n]; value = substr($$0, index($$0, "=") + 1); \
+	gsub(/\047/, "", value); if (name ~ /^(index-url|extra-index-url|find-links|constraint)$$/) \
+	{ m = split(value, each, " "); for (i = 1; i <= m; i++) printf "--%s %s ", name, each[i] } }'
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml grader/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -r requirements-dev.txt -e . -e ./grader
+	$(PY) -m pip install "uv>=0.5"
+	$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode --index-strategy unsafe-best-match \
+		$$($(PY) -m pip config list | $(PIP_CONFIG_AS_UV)) -r requirements-dev.txt -e . -e ./grader
 	touch $@
 
 install: $(STAMP)

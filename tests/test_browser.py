@@ -183,8 +183,7 @@ def visit(
         result.final_url = page.url
         result.snapshot = page.evaluate(SNAPSHOT)
         if screenshot is not None:
-            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=SCREENSHOTS / screenshot)
+            _screenshot(page, screenshot)
     finally:
         context.close()
     return result
@@ -192,6 +191,11 @@ def visit(
 
 def _scroll_to_display_math(tab: Any) -> None:
     tab.locator("div.math").first.evaluate("(e) => e.scrollIntoView({block: 'center'})")
+
+
+def _screenshot(tab: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=SCREENSHOTS / name)
 
 
 @pytest.fixture(scope="module")
@@ -204,16 +208,34 @@ def math_chapter(html: Path) -> str:
 
 @pytest.fixture(scope="module")
 def visits(browser: Browser, site: str, math_chapter: str) -> Callable[[str], Visit]:
-    """Each page loaded once for the module, however many tests look at it. The landing page
-    (index.html, which redirects to the first TOC page) and the math chapter are screenshot."""
+    """Each page loaded once at 1280 px for the module, however many tests look at it. A page
+    of the TOC is also measured there (LAYOUT) and checked by axe-core, in the same load, its
+    ``extra`` being ``{"layout": ..., "axe": ...}``. The landing page (index.html, which
+    redirects to the first TOC page), the first chapters, the edition chapters and the math
+    chapter (scrolled to its first equation) are screenshot."""
     shutil.rmtree(SCREENSHOTS, ignore_errors=True)  # no stale screenshot passes for a new one
+    if not AXE.exists():
+        pytest.fail(f"{AXE.relative_to(ROOT)} is missing: run `make mathjax` (npm ci)", pytrace=False)
+
+    def measure(page: str) -> Callable[[Any], dict[str, Any]]:
+        def before(tab: Any) -> dict[str, Any]:
+            found = {"layout": _layout(tab)}
+            if page in CHAPTERS[:3] or page in EDITION_CHAPTERS:
+                _screenshot(tab, f"laptop_{page.replace('/', '_')}.png")
+            found["axe"] = _axe(tab)
+            if page == math_chapter:
+                _scroll_to_display_math(tab)
+                _screenshot(tab, "chapter_math.png")
+            return found
+
+        return before
 
     @functools.cache
     def load(page: str) -> Visit:
         if page == "index":
             return visit(browser, site, screenshot="landing.png", redirect=f"{site}{PAGES[0]}.html")
-        if page == math_chapter:
-            return visit(browser, f"{site}{page}.html", screenshot="chapter_math.png", before=_scroll_to_display_math)
+        if page in PAGES or page in EDITION_CHAPTERS:
+            return visit(browser, f"{site}{page}.html", before=measure(page))
         return visit(browser, f"{site}{page}.html")
 
     return load
@@ -364,23 +386,29 @@ def _layout(page: Any) -> dict[str, Any]:
     return page.evaluate(LAYOUT)
 
 
+def laptop(visits: Callable[[str], Visit], page: str) -> dict[str, Any]:
+    """The page's LAYOUT at 1280 px (measured in its one load by ``visits``)."""
+    return visits(page).extra["layout"]
+
+
 @pytest.fixture(scope="module")
-def layouts(browser: Browser, site: str) -> Callable[[str, str], Visit]:
-    """Each page's LAYOUT at 1280 px ("laptop") and 390 px ("phone"), loaded once each."""
+def phone(browser: Browser, site: str) -> Callable[[str], Visit]:
+    """Each page's LAYOUT at 390 px, loaded as a phone loads it (a page resized from a laptop's
+    width keeps the theme's sidebar), once each; the first chapters and the edition chapters
+    are screenshot."""
 
     @functools.cache
-    def load(page: str, width: str) -> Visit:
-        viewport = VIEWPORT if width == "laptop" else PHONE
+    def load(page: str) -> Visit:
         shown = page in CHAPTERS[:3] or page in EDITION_CHAPTERS
-        shot = f"{width}_{page.replace('/', '_')}.png" if shown else None
-        return visit(browser, f"{site}{page}.html", before=_layout, viewport=viewport, screenshot=shot)
+        shot = f"phone_{page.replace('/', '_')}.png" if shown else None
+        return visit(browser, f"{site}{page}.html", before=_layout, viewport=PHONE, screenshot=shot)
 
     return load
 
 
 @pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
-def test_code_blocks_fit_the_column(layouts: Callable[[str, str], Visit], page: str) -> None:
-    layout = layouts(page, "laptop").extra
+def test_code_blocks_fit_the_column(visits: Callable[[str], Visit], page: str) -> None:
+    layout = laptop(visits, page)
     allowed = int(MAX_SCROLLING_SHARE * layout["blocks"])
     assert layout["scrolling"] <= allowed, (
         f"{page}.html: {layout['scrolling']} of {layout['blocks']} code blocks scroll sideways at 1280 px "
@@ -389,24 +417,24 @@ def test_code_blocks_fit_the_column(layouts: Callable[[str, str], Visit], page: 
 
 
 @pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
-def test_display_equations_fit_the_column(layouts: Callable[[str, str], Visit], page: str) -> None:
-    overflowing = layouts(page, "laptop").extra["overflowing"]
+def test_display_equations_fit_the_column(visits: Callable[[str], Visit], page: str) -> None:
+    overflowing = laptop(visits, page)["overflowing"]
     assert not overflowing, f"{page}.html: display equations wider than the column: {overflowing}"
 
 
 @pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
-def test_page_does_not_scroll_sideways_on_a_phone(layouts: Callable[[str, str], Visit], page: str) -> None:
-    assert not layouts(page, "phone").extra["page_scrolls"], f"{page}.html scrolls sideways at 390 px"
+def test_page_does_not_scroll_sideways_on_a_phone(phone: Callable[[str], Visit], page: str) -> None:
+    assert not phone(page).extra["page_scrolls"], f"{page}.html scrolls sideways at 390 px"
 
 
 @pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
-def test_title_comes_before_any_cell(layouts: Callable[[str, str], Visit], page: str) -> None:
-    assert layouts(page, "laptop").extra["title_first"], f"{page}.html shows a code cell above its title"
+def test_title_comes_before_any_cell(visits: Callable[[str], Visit], page: str) -> None:
+    assert laptop(visits, page)["title_first"], f"{page}.html shows a code cell above its title"
 
 
 @pytest.mark.parametrize("page", CHAPTERS + EDITION_CHAPTERS)
-def test_figures_have_alt_text_and_are_not_shrunk(layouts: Callable[[str, str], Visit], page: str) -> None:
-    images = layouts(page, "laptop").extra["images"]
+def test_figures_have_alt_text_and_are_not_shrunk(visits: Callable[[str], Visit], page: str) -> None:
+    images = laptop(visits, page)["images"]
     noisy = [image["src"] for image in images if not image["alt"] or any(n in image["alt"] for n in NOISE_ALT)]
     assert not noisy, f"{page}.html: images whose alt text is a file name or empty: {noisy}"
     shrunk = [f"{image['src']} at {image['scale']:.0%}" for image in images if image["scale"] < MIN_FIGURE_SCALE]
@@ -450,13 +478,10 @@ def _from_theme(rule: str, node: dict[str, str]) -> bool:
 
 
 @pytest.mark.parametrize("page", PAGES + EDITION_CHAPTERS)
-def test_accessibility(browser: Browser, site: str, page: str) -> None:
-    if not AXE.exists():
-        pytest.fail(f"{AXE.relative_to(ROOT)} is missing: run `make mathjax` (npm ci)", pytrace=False)
-    violations = visit(browser, f"{site}{page}.html", before=_axe).extra
+def test_accessibility(visits: Callable[[str], Visit], page: str) -> None:
     ours = [
         f"{v['id']} ({v['impact']}): {node['target']}  {node['html']}"
-        for v in violations
+        for v in visits(page).extra["axe"]
         for node in v["nodes"]
         if not _from_theme(v["id"], node)
     ]
@@ -502,7 +527,7 @@ def test_edition_text_renders_in_a_cjk_font(browser: Browser, site: str, page: s
 
 @pytest.mark.parametrize("page", EDITION_CHAPTERS)
 def test_edition_page_is_translated_and_links_the_other_editions(
-    layouts: Callable[[str, str], Visit], browser: Browser, site: str, page: str
+    visits: Callable[[str], Visit], browser: Browser, site: str, page: str
 ) -> None:
     """Its title and figure descriptions are in its language, and it links the same page in
     English and in the other translation."""
@@ -522,7 +547,7 @@ def test_edition_page_is_translated_and_links_the_other_editions(
     assert seen["lang"] == {"ko": "ko", "zh": "zh-CN"}[edition]
     other = "zh" if edition == "ko" else "ko"
     assert sorted(seen["editions"]) == sorted([f"{site}{chapter}.html", f"{site}{other}/{chapter}.html"])
-    alts = [image["alt"] for image in layouts(page, "laptop").extra["images"]]
+    alts = [image["alt"] for image in laptop(visits, page)["images"]]
     assert alts and all(re.search(HANGUL_OR_HAN, alt) for alt in alts), f"{page}.html: untranslated alt texts {alts}"
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import sysconfig
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -51,6 +52,13 @@ def can_write(path):
         return True
     except OSError:
         return False
+def can_join(procs):  # move this process into the cgroup of that cgroup.procs file
+    try:
+        with open(procs, 'w') as handle:
+            handle.write(str(os.getpid()))
+        return True
+    except OSError:
+        return False
 def can_list(path):
     try:
         os.listdir(path)
@@ -68,6 +76,8 @@ import time
 deadline = time.monotonic() + 20
 while not all(os.path.exists(n + '.started') for n in ('detached', 'orphan')) and time.monotonic() < deadline:
     time.sleep(0.05)
+while not os.path.exists('counted') and time.monotonic() < deadline:  # the test counts the processes
+    time.sleep(0.05)
 print(json.dumps({{
     "cwd": os.getcwd(), "home": os.path.expanduser('~'), "env": sorted(os.environ),
     "secret": {secret!r} in repr(os.environ),
@@ -78,6 +88,7 @@ print(json.dumps({{
     "write_usr": can_write({usr_probe!r}), "write_here": can_write('mine.txt'),
     "vitlab": can_read(importlib.util.find_spec('vitlab').origin),
     "packages": [os.path.realpath(importlib.util.find_spec(m).origin) for m in ('vitlab', 'vitlab_grader')],
+    "leave_cgroup": {leave!r} and any(can_join(f'/sys/fs/cgroup/{{c}}cgroup.procs') for c in ('cpu/', 'unified/', '')),
 }}))
 """
 
@@ -116,21 +127,28 @@ def _grade_attack(
                 notebooks=str(ROOT / "notebooks"), readme=str(ROOT / "README.md"),
                 beside=str(parent / f"beside-{os.getpid()}.txt"),
                 usr_probe="/usr/lib/vitlab-probe" if sandbox else "",  # root without a sandbox could write it
+                leave=sandbox,  # root without a sandbox could leave its cgroup (the module's docstring says so)
             )  # fmt: skip
             notebook = new_notebook(cells=[new_code_cell(source)])
             km, how = isolated_kernel_manager(folder, env, sandbox=sandbox)
             client = NotebookClient(notebook, km=km, timeout=60, kernel_name="python3")
+            counted: dict[str, list[int]] = {}
+            counter = threading.Thread(target=_count_processes, args=(folder, km, counted), daemon=True)
+            counter.start()
             try:
                 client.execute(cleanup_kc=shutdown)
                 started = all((folder / f"{n}.started").exists() for n in ("detached", "orphan"))
             finally:
                 end_processes(km)
+                counter.join()
             (folder / "go").touch()
             time.sleep(WAKE_SECONDS)
             outputs = notebook.cells[0].outputs
             assert outputs and outputs[0].get("name") == "stdout", outputs
             seen = json.loads(outputs[0]["text"].strip().splitlines()[-1])
             seen["detached_started"] = started
+            seen |= counted
+            seen["cgroup_left"] = km._cgroup is not None and km._cgroup.exists()  # type: ignore[attr-defined]
             seen["detached_wrote"] = (folder / "detached").exists() or (folder / "orphan").exists()
             seen["wrote_here"] = (folder / "mine.txt").exists()
             seen["classmate_after"] = classmate.read_text(encoding="utf-8")
@@ -140,6 +158,38 @@ def _grade_attack(
     finally:
         classmate.unlink(missing_ok=True)
         (parent / f"beside-{os.getpid()}.txt").unlink(missing_ok=True)
+
+
+def _cwd(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+def _count_processes(folder: Path, km: AsyncKernelManager, counted: dict[str, list[int]]) -> None:
+    """Once the probe's detached processes have started (the probe waits for "counted"): the
+    processes working in the folder (the kernel and the detached ones), and those in the kernel's cgroup."""
+    deadline = time.monotonic() + 60
+    while not all((folder / f"{n}.started").exists() for n in ("detached", "orphan")):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+    counted["in_folder"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and _cwd(p) == str(folder))
+    counted["in_cgroup"] = sorted(isolation._cgroup_processes(km._cgroup))  # type: ignore[attr-defined]
+    (folder / "counted").touch()
+
+
+def _assert_cpu_share(seen: dict, how: isolation.Isolation) -> None:
+    """Where cgroups can be made, the kernel and all it started share one, removed at the end."""
+    cgroups, kind = isolation.cpu_cgroups()
+    if cgroups is None:
+        assert how.cpu_share == f"none: {kind}"
+        return
+    assert how.cpu_share == kind
+    assert len(seen["in_folder"]) >= 3, f"the kernel and its detached processes were not found: {seen['in_folder']}"
+    assert set(seen["in_folder"]) <= set(seen["in_cgroup"]), seen
+    assert not seen["cgroup_left"]
 
 
 def _assert_env_folder_processes(seen: dict) -> None:
@@ -212,6 +262,8 @@ def test_bubblewrap_hides_the_machine_and_ends_every_process(monkeypatch: pytest
     seen, _, how = _grade_attack(monkeypatch, sandbox=True, shutdown=True)
     assert (how.sandbox, how.note) == ("bubblewrap", "")
     _assert_env_folder_processes(seen)
+    _assert_cpu_share(seen, how)
+    assert not seen["leave_cgroup"], "the sandboxed kernel could move itself out of its cgroup"
     assert not seen["classmate"] and not seen["classmate_listed"]
     assert not seen["checkout_notebooks"] and not seen["readme"]
     # writes outside the folder land in the sandbox's private /tmp (gone with it), never on the machine
@@ -233,6 +285,7 @@ def test_without_sandbox_env_folder_and_processes_are_still_isolated(monkeypatch
     seen, _, how = _grade_attack(monkeypatch, sandbox=False, shutdown=False)
     assert how.sandbox == "none" and "file isolation unavailable" in how.note
     _assert_env_folder_processes(seen)
+    _assert_cpu_share(seen, how)
     assert seen["classmate"]  # what the note warns about: no file isolation without a sandbox
 
 

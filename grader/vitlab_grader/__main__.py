@@ -209,6 +209,9 @@ def grade_command(args: argparse.Namespace) -> int:
     sandboxes = sorted({r.sandbox for r in results if r.sandbox})
     if sandboxes:
         print(f"sandbox: {', '.join(sandboxes)}" + ("; file isolation unavailable" if "none" in sandboxes else ""))
+    shares = sorted({r.cpu_share for r in results if r.cpu_share})
+    if shares:
+        print(f"CPU share per kernel: {', '.join(shares)}")
     return 0
 
 

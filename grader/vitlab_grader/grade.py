@@ -134,6 +134,7 @@ class NotebookResult:
     anomalies: list[str] = field(default_factory=list)  # what differs from the release; never scored
     sandbox: str = ""  # "bubblewrap", "unshare" or "none"
     isolation: str = ""  # "" or why file isolation was unavailable
+    cpu_share: str = ""  # "cgroup v1", "cgroup v2", or "none: " and why (isolation.cpu_cgroups)
 
     @property
     def passed(self) -> int:
@@ -750,7 +751,7 @@ def _run_in(
         parent=settings.run_dir,
         startup=[scan.arm_line(str(folder))],
     )
-    result.sandbox, result.isolation = isolation.sandbox, isolation.note
+    result.sandbox, result.isolation, result.cpu_share = isolation.sandbox, isolation.note, isolation.cpu_share
     try:
         run = _execute(run_notebook, km, settings.timeout, settings.cell_timeout, skip, describe, read_now)
     finally:

@@ -78,8 +78,14 @@ What a kernel gets:
 - **Messages**: the grader's end of the kernel's sockets refuses a message over
   :data:`MESSAGE_LIMIT` (ZeroMQ's ``MAXMSGSIZE``): one huge print cannot grow the grader.
 
-What it cannot do: limit CPU time (the grader's time limits do that) or give each kernel a
-fixed share of the CPU (no cgroups: a lower priority and a process limit instead), or
+- **A CPU share** (:func:`cpu_cgroups`): where this process may make cgroups (root, or a
+  delegated cgroup v2 subtree), each kernel starts in a cgroup of its own with the default
+  CPU weight; everything it starts stays in it, so many busy processes share one kernel's
+  part of the CPU. :attr:`Isolation.cpu_share` says which kind, or why there is none.
+
+What it cannot do: limit CPU time (the grader's time limits do that), give a kernel a
+CPU share where no cgroup can be made (a lower priority and a process limit instead; and
+without a sandbox, a kernel running as root could leave its cgroup), or
 hide what the Python installation itself contains (``vitlab``'s source included). Without
 a sandbox the supervisor runs as the student's code does, so code that kills it first can
 leave a detached process behind: only a sandbox's pid namespace cannot be left.
@@ -175,6 +181,56 @@ os.execv(sys.argv[4], sys.argv[4:])
 """
 
 
+# Joins a cgroup, then becomes the kernel's command (argv: the cgroup's cgroup.procs, the command).
+_JOIN_CGROUP = r"""
+import os, sys
+with open(sys.argv[1], "w") as procs:
+    procs.write(str(os.getpid()))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _own_cgroup(controller: str) -> str:
+    """This process's cgroup in the hierarchy of ``controller`` (``""``: the v2 hierarchy), from /proc/self/cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return "/"
+
+
+@functools.cache
+def cpu_cgroups() -> tuple[Path | None, str]:
+    """Where each kernel gets a cgroup of its own, and which kind: ``(folder, "cgroup v1")``,
+    ``(folder, "cgroup v2")``, or ``(None, why not)``.
+
+    A kernel's cgroup holds it and every process it starts (a process cannot leave it: the
+    sandbox cannot write to the cgroup file system), and its CPU weight is the default, the
+    same as every other kernel's: however many busy processes a submission starts, they
+    share one kernel's part of the CPU. Making cgroups needs root (cgroup v1's ``cpu``
+    hierarchy, or v2 where this process's cgroup has the ``cpu`` controller enabled for its
+    children), or a v2 subtree delegated to the grader's user (``systemd-run --user --scope
+    -p Delegate=yes``).
+    """
+    try:
+        mounts = [line.split() for line in Path("/proc/self/mounts").read_text().splitlines()]
+        v1 = next((Path(m[1]) for m in mounts if m[2] == "cgroup" and "cpu" in m[3].split(",")), None)
+        v2 = next((Path(m[1]) for m in mounts if m[2] == "cgroup2"), None)
+        if v1 is not None:
+            folder, kind = v1 / _own_cgroup("cpu").lstrip("/"), "cgroup v1"
+        elif v2 is not None:
+            folder, kind = v2 / _own_cgroup("").lstrip("/"), "cgroup v2"
+            control = folder / "cgroup.subtree_control"
+            if "cpu" not in control.read_text().split():
+                control.write_text("+cpu")  # allowed at the root and in a delegated subtree only
+        else:
+            return None, "no cgroup file system is mounted"
+        os.rmdir(tempfile.mkdtemp(prefix="vitlab-probe-", dir=folder))  # may this process make one here?
+    except OSError as error:
+        return None, f"no cgroup may be made ({error.strerror}: {error.filename}; it needs root or a delegated subtree)"
+    return folder, kind
+
+
 def scrubbed_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a student's kernel: the allowlisted names, then ``extra``.
 
@@ -205,6 +261,7 @@ class Isolation:
 
     sandbox: str  # "bubblewrap", "unshare" or "none"
     note: str = ""  # "" or why file isolation was unavailable (the grader's report shows it)
+    cpu_share: str = ""  # "cgroup v1" or "cgroup v2" (cpu_cgroups), or "none: " and why not
 
 
 @contextlib.contextmanager
@@ -471,6 +528,7 @@ class IsolatedKernelManager(AsyncKernelManager):
     _runtime: Path
     _supervisors: set[int]
     _limits: Limits
+    _cgroup: Path | None = None  # the kernel's own cgroup (cpu_cgroups), made by isolated_kernel_manager
     _startup: tuple[str, ...] = ()  # IPython options that run lines at start-up (isolated_kernel_manager)
 
     def _setup(self, folder: Path, env: dict[str, str], isolation: Isolation, runtime: Path, limits: Limits) -> None:
@@ -500,10 +558,14 @@ class IsolatedKernelManager(AsyncKernelManager):
         numbers = [limits.memory or 0, processes or 0, limits.nice]
         kernel = [sys.executable, "-I", "-S", "-c", _LIMITER, *map(str, numbers), *kernel]
         if self._isolation.sandbox == "bubblewrap":
-            return [*_bwrap_argv(self._folder, self._runtime), *kernel]
-        if self._isolation.sandbox == "unshare":
-            return [*_unshare_argv(self._folder, self._runtime)[0], *kernel]
-        return [sys.executable, "-I", "-S", "-c", _SUPERVISOR, *kernel]
+            command = [*_bwrap_argv(self._folder, self._runtime), *kernel]
+        elif self._isolation.sandbox == "unshare":
+            command = [*_unshare_argv(self._folder, self._runtime)[0], *kernel]
+        else:
+            command = [sys.executable, "-I", "-S", "-c", _SUPERVISOR, *kernel]
+        if self._cgroup is not None:  # joined before the sandbox starts: all it runs is inside
+            command = [sys.executable, "-I", "-S", "-c", _JOIN_CGROUP, str(self._cgroup / "cgroup.procs"), *command]
+        return command
 
     async def _async_pre_start_kernel(self, **kw: Any) -> tuple[list[str], dict[str, Any]]:
         kw["cwd"] = str(self._folder)
@@ -577,10 +639,18 @@ def isolated_kernel_manager(
         note = "file isolation unavailable: " + "; ".join(notes)
     else:
         note = ""
-    isolation = Isolation(chosen, note)
+    cgroups, kind = cpu_cgroups()
+    cgroup = None
+    if cgroups is not None:
+        try:
+            cgroup = Path(tempfile.mkdtemp(prefix="vitlab-kernel-", dir=cgroups))
+        except OSError as error:
+            kind = f"no cgroup could be made ({error.strerror}: {error.filename})"
+    isolation = Isolation(chosen, note, kind if cgroup is not None else f"none: {kind}")
     runtime = Path(tempfile.mkdtemp(prefix="vitlab-kernel-", dir=parent))
     km = IsolatedKernelManager(kernel_name="python3")
     km._setup(folder, kernel_env, isolation, runtime, limits)
+    km._cgroup = cgroup
     km._startup = tuple(f"--IPKernelApp.exec_lines={line}" for line in startup)
     return km, isolation
 
@@ -676,11 +746,18 @@ def end_processes(km: AsyncKernelManager) -> None:
         # The sandbox's pid namespace, read from its live processes each time: a namespace's
         # number is reused as soon as it is gone, maybe by a classmate's sandbox.
         namespaces = {ns for p in mine if (ns := _pid_namespace(p)) and ns != own}
+        inside = _cgroup_processes(km._cgroup)
         left = [
             p
             for p, (_, group, session) in processes.items()
             if p != os.getpid()
-            and (p in mine or group in groups or session in groups or (namespaces and _pid_namespace(p) in namespaces))
+            and (
+                p in mine
+                or p in inside
+                or group in groups
+                or session in groups
+                or (namespaces and _pid_namespace(p) in namespaces)
+            )
         ]
         if not left or time.monotonic() > deadline:
             break
@@ -691,6 +768,17 @@ def end_processes(km: AsyncKernelManager) -> None:
         with contextlib.suppress(Exception):
             provisioner.process.wait(timeout=_KILL_WAIT)  # type: ignore[union-attr]
     shutil.rmtree(km._runtime, ignore_errors=True)
+    if km._cgroup is not None:
+        with contextlib.suppress(OSError):  # gone already, or (past the deadline) not yet empty
+            os.rmdir(km._cgroup)
+
+
+def _cgroup_processes(cgroup: Path | None) -> set[int]:
+    """The processes in a kernel's cgroup (none where it has none, or it is gone)."""
+    try:
+        return {int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()} if cgroup else set()
+    except OSError:
+        return set()
 
 
 def _wait(pids: list[int], seconds: float) -> None:
