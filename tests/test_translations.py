@@ -278,22 +278,35 @@ def test_one_english_message_has_one_translation(language: str) -> None:
 # not the English 28.9M, "million" or 28,940,000 (a round number of five digits or more).
 # Exact counts (86,567,656) and sums written out (… + 769,000 = …) keep their digits; 수백만
 # and 数百万 are words of the language, and so is 百万 as the name of torchinfo's unit.
-_ENGLISH_NUMBERS = {
-    "ko": re.compile(
+
+
+def _english_numbers(units: str, own_words: str) -> re.Pattern[str]:
+    """English-style numbers in a translation; ``units``: the language's 10^4 and 10^8 (after
+    a round ,000 they make it right: 769,000만 is not English); ``own_words``: its words for a
+    million and a billion, and G written as a count (1.3 G 次 is 13 亿次)."""
+    return re.compile(
         r"(?<![A-Za-z0-9_.\-])\d+(?:\.\d+)? ?[MB](?![A-Za-z0-9_\-])"  # 28.9M, 9.4B (not JFT-300M)
-        r"|(?<!수)백만|십억|\b(?:million|billion)\b"
-        r"|(?<![\d,.])(?<![+=·×] )(?:\d{2,3}|\d{1,3}(?:,\d{3})+),000(?![\d,])(?! ?[+=·×만억])"
-    ),
-    "zh_CN": re.compile(
-        r"(?<![A-Za-z0-9_.\-])\d+(?:\.\d+)? ?[MB](?![A-Za-z0-9_\-])"
-        r"|(?<![数几是为])百万|十亿|\b(?:million|billion)\b|\d ?G ?次"  # 1.3 G 次: 13 亿次
-        r"|(?<![\d,.])(?<![+=·×] )(?:\d{2,3}|\d{1,3}(?:,\d{3})+),000(?![\d,])(?! ?[+=·×万亿])"
-    ),
+        rf"|{own_words}|\b(?:million|billion)\b"
+        rf"|(?<![\d,.])(?<![+=·×] )(?:\d{{2,3}}|\d{{1,3}}(?:,\d{{3}})+),000(?![\d,])(?! ?[+=·×{units}])"
+    )
+
+
+_ENGLISH_NUMBERS = {
+    "ko": _english_numbers("만억", r"(?<!수)백만|십억|\d ?G ?(?:번|회)"),
+    "zh_CN": _english_numbers("万亿", r"(?<![数几是为])百万|十亿|\d ?G ?次"),
 }
 NUMBER_EXAMPLES = {
     "ko": (
-        ("파라미터 28.9M개", "28,940,000회", "0.59백만", "이미지 50,000장", "9.4B FLOPs"),
-        ("2,894만 회", "파라미터 86,567,656개", "1,536 + 769,000 = 86,567,656", "JFT-300M", "수백만 개", "2,000장"),
+        ("파라미터 28.9M개", "28,940,000회", "0.59백만", "이미지 50,000장", "9.4B FLOPs", "1.3 G 번의 곱셈"),
+        (
+            "2,894만 회",
+            "파라미터 86,567,656개",
+            "1,536 + 769,000 = 86,567,656",
+            "JFT-300M",
+            "수백만 개",
+            "2,000장",
+            "13억 번",
+        ),
     ),
     "zh_CN": (
         ("参数 28.9M", "28,940,000 次", "0.59 百万", "50,000 张图像", "9.4B FLOPs", "1.3 G 次乘加运算"),
