@@ -372,3 +372,36 @@ def test_the_kernel_runs_under_its_memory_process_and_priority_limits(sandbox: b
         finally:
             end_processes(km)
         assert content["status"] == "ok", content
+
+
+@pytest.mark.slow
+def test_the_grader_drops_a_kernel_message_over_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One print over MESSAGE_LIMIT (here lowered to 1 MiB) never reaches the grader; the kernel goes on
+    (its later outputs are lost with the connection: test_grade_robustness.py grades such a notebook)."""
+    import asyncio
+    import contextlib
+
+    monkeypatch.setattr(isolation, "MESSAGE_LIMIT", 2**20)
+    seen: list[dict] = []
+
+    async def run(km: AsyncKernelManager) -> None:
+        await km.start_kernel()
+        client = km.client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)
+        with contextlib.suppress(TimeoutError):  # ZeroMQ drops the output connection, and the cell's idle status
+            await client.execute_interactive("print('y' * 2**21)", timeout=3, output_hook=seen.append)
+        client.execute("assert len('y' * 2**21) == 2**21")  # the kernel still runs cells and answers
+        reply = await client.get_shell_msg(timeout=30)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        client.stop_channels()
+        await km.shutdown_kernel(now=True)
+
+    with submission_folder({}) as folder:
+        km, _ = isolated_kernel_manager(folder, scrubbed_env())
+        try:
+            asyncio.run(run(km))
+        finally:
+            end_processes(km)
+    printed = [len(m["content"]["text"]) for m in seen if m["msg_type"] == "stream"]
+    assert all(size < 2**20 for size in printed), f"a message of {max(printed)} characters arrived"

@@ -77,7 +77,8 @@ What a kernel gets:
   ``MemoryError`` or dies; either costs that submission only.
 - **Messages**: the grader's end of the kernel's sockets refuses a message over
   :data:`MESSAGE_LIMIT` (ZeroMQ's ``MAXMSGSIZE``): one huge print cannot grow the grader.
-
+  ZeroMQ drops that connection for good, so the kernel's later outputs are lost too; its
+  answers files are not, and the notebook is still graded.
 - **A CPU share** (:func:`cpu_cgroups`): where this process may make cgroups (root, or a
   delegated cgroup v2 subtree), each kernel starts in a cgroup of its own with the default
   CPU weight; everything it starts stays in it, so many busy processes share one kernel's
