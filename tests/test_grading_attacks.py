@@ -10,7 +10,7 @@ work is worth 1 point; then it attacks, one kind per notebook (the kinds of issu
 3. walk up the stack to the reference's answer;
 4. edit points, add or duplicate check cells, delete or re-point one;
 5. run another chapter's check;
-6. submit vitlab's own function (keeps its score, flagged);
+6. submit vitlab's own function, by name or reached by a computed one (keeps its score, flagged);
 7. read a classmate's notebook or the instructor's solutions, overwrite a classmate's
    file, start a detached process that outlives the kernel;
 8. read the grader's environment;
@@ -145,6 +145,18 @@ COPIED = """from vitlab.layers.attention import explicit_attention
 
 def attention(q, k, v, mask=None):
     return explicit_attention(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask)[0]"""
+# the same copy, reached by a name no scan can read, and the record of what ran turned off afterwards
+COPIED_UNSEEN = """import codecs
+import importlib
+import sys
+
+layers = importlib.import_module(codecs.decode("ivgyno.ynlref.nggragvba", "rot13"))
+
+
+def attention(q, k, v, mask=None):
+    out = getattr(layers, "explicit" + "_attention")(q, k, v, scale=q.shape[-1] ** -0.5, mask=mask)[0]
+    sys.setprofile(None)
+    return out"""
 REFERENCE = "vitlab.checks.attention._reference"
 COMPUTED_NAME = """import codecs
 import importlib
@@ -247,6 +259,8 @@ def attacked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     copied = honest(copy.target)
     copied.cells[cell_of(copied, ATTENTION_STUB)].source = COPIED
     nbformat.write(copied, subs / "6_copied_ch.ipynb")
+    copied.cells[cell_of(copied, COPIED)].source = COPIED_UNSEEN
+    nbformat.write(copied, subs / "6_copied_unseen_ch.ipynb")
     private = honest(copy.target)
     steal = "from vitlab.checks.attention import _reference as attention"
     private.cells[cell_of(private, ATTENTION_STUB)].source = steal
@@ -322,6 +336,12 @@ def test_a_copied_reference_keeps_its_score_and_is_flagged_by_name(attacked: dic
     assert any(a.startswith(f"the code called {REFERENCE}") for a in private["anomalies"]), report(private)
     feedback = (attacked["feedback"] / "6_copied_ch.md").read_text(encoding="utf-8")
     assert "Score: **3 / 3**" in feedback and "explicit" not in feedback  # the flag is the instructor's
+    # no name to scan: the harness's record of the vitlab functions the answer ran flags it
+    unseen = attacked["results"]["6_copied_unseen"]
+    assert unseen["score"] == 3
+    ran = "the answer ran vitlab's own vitlab.layers.attention.explicit_attention"
+    assert unseen["flags"] == [f"{ATTENTION}: {ran}"], report(unseen)
+    assert any("called sys.setprofile" in a for a in unseen["anomalies"]), report(unseen)
 
 
 @pytest.mark.slow

@@ -21,7 +21,10 @@ An anomaly never changes a score. It is judged on **what the code does**, never 
 
 A copied vitlab object (:func:`copied`) is one the exercise's check is built from or that
 answers it (:data:`ANSWERED_BY`), used by the student's answer: the function the check
-is given, or a name it uses that the student's cells define, followed to the end.
+is given, or a name it uses that the student's cells define, followed to the end. The
+same objects are flagged again when the answer *ran* one (:func:`ran`), however it was
+reached: the grader's harness records, in the kernel, the vitlab functions an answer runs
+(:mod:`vitlab_grader.harness`), and an answer that turns that record off is an anomaly.
 """
 
 from __future__ import annotations
@@ -583,6 +586,18 @@ def copied(cells: list[tuple[str, str]], names: Names, function: str, references
         if any(obj is r for r in references):
             flagged.append(name)
     return flagged
+
+
+def ran(calls: Iterable[str], references: list[Any]) -> list[str]:
+    """The ``references`` (:func:`reference_objects`) the answer ran, by the calls the grader's
+    harness recorded in the kernel (``module.qualname``; a class counts when one of its methods ran)."""
+    calls = set(calls)
+    found = []
+    for obj in references:
+        name = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+        if name in calls or (isinstance(obj, type) and any(c.startswith(name + ".") for c in calls)):
+            found.append(name)
+    return found
 
 
 def from_checks(cells: list[tuple[str, str]], names: Names) -> list[str]:

@@ -804,6 +804,13 @@ def _run_in(
         flags = _scan(result, code, lambda: scan.copied(written, names, check.function, references), [])  # noqa: B023
         if function.startswith("vitlab."):
             flags.append(f"the answer is vitlab's own {function}")
+        calls = () if isinstance(found, str) else found.calls
+        flags += [f"the answer ran vitlab's own {name}" for name in scan.ran(calls, references) if name not in flags]
+        if untraced := [call for call in calls if call.startswith("sys.")]:
+            result.anomalies.append(
+                f"{check.check}: the answer called {', '.join(untraced)}, which stops the grader's record of "
+                "the vitlab functions it runs"
+            )
         score = _score(status, check.points, fraction, settings.all_or_nothing)
         result.exercises.append(
             ExerciseResult(str(path), check.check, check.function, status, message, check.points, fraction, score,

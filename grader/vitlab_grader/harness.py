@@ -15,13 +15,18 @@ here is trusted: what it returns is the student's answer, no more.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
+import os
+import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+import vitlab
 from vitlab.checks._core import Answer, Answers, collect_answers
 
 VERSION = 1  # the layout of an answers file
@@ -64,7 +69,7 @@ def encode(answers: Answers) -> dict[str, Any]:
         })  # fmt: skip
     return {
         "version": VERSION, "cases": cases, "gradient": answers.gradient,
-        "gradient_case": answers.gradient_case, "function": answers.function,
+        "gradient_case": answers.gradient_case, "function": answers.function, "calls": list(answers.calls),
     }  # fmt: skip
 
 
@@ -120,7 +125,54 @@ def decode(data: Any, cases: int) -> Answers:
     gradient_case = data.get("gradient_case")
     if gradient_case is not None and (not isinstance(gradient_case, int) or not 0 <= gradient_case < cases):
         raise ValueError(f"'gradient_case' must be a case number below {cases} or None, got {gradient_case!r}")
-    return Answers(tuple(answers), _text(data, "gradient", optional=True), gradient_case, _text(data, "function"))
+    calls = data.get("calls", [])
+    if not isinstance(calls, list) or len(calls) > CALLS_LIMIT or not all(isinstance(c, str) for c in calls):
+        raise ValueError(f"'calls' must be a list of at most {CALLS_LIMIT} strings")
+    return Answers(
+        tuple(answers), _text(data, "gradient", optional=True), gradient_case, _text(data, "function"), tuple(calls)
+    )
+
+
+CALLS_LIMIT = 256  # the most vitlab functions an answers file may name
+_PACKAGE = os.path.dirname(vitlab.__file__) + os.sep
+_CHECKS = os.path.join(_PACKAGE, "checks") + os.sep
+
+
+def _in_vitlab(frame: Any) -> bool:
+    """Whether a frame runs vitlab's code (its checks left out: they run the answer)."""
+    return frame.f_code.co_filename.startswith(_PACKAGE) and not frame.f_code.co_filename.startswith(_CHECKS)
+
+
+def _traced(run: Callable[[], Answers]) -> Answers:
+    """``run()``, with ``calls`` set to the vitlab functions the answer called itself
+    (``module.qualname``; not those they call in turn) and ``sys.setprofile`` if the answer turned
+    the record off. Python's profile hook sees a function however it was reached: an alias,
+    ``importlib``, ``sys.modules``, a wrapper."""
+    calls: dict[str, None] = {}
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and _in_vitlab(frame):
+            caller = frame.f_back
+            while caller is not None:
+                if _in_vitlab(caller):
+                    return  # what vitlab runs for a vitlab function the answer called
+                caller = caller.f_back
+            qualname = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # Python 3.11+
+            calls.setdefault(f"{frame.f_globals.get('__name__')}.{qualname}", None)
+        elif event == "c_call" and arg in (sys.setprofile, threading.setprofile, sys.settrace) and running:
+            calls.setdefault(f"sys.{arg.__name__}", None)
+
+    running = True
+
+    threading.setprofile(profile)  # threads the answer starts
+    sys.setprofile(profile)
+    try:
+        answers = run()
+    finally:
+        running = False  # the calls below are this function's own
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    return dataclasses.replace(answers, calls=tuple(calls)[:CALLS_LIMIT])
 
 
 def answer_cases(inputs: str, output: str, function: Callable[[], Any]) -> None:
@@ -141,4 +193,4 @@ def answer_cases(inputs: str, output: str, function: Callable[[], Any]) -> None:
         found = Answer(error=f"TypeError: the answer is a {type(fn).__name__}, not a function")
         torch.save(encode(Answers(tuple(found for _ in cases))), output)
         return
-    torch.save(encode(collect_answers(fn, cases)), output)
+    torch.save(encode(_traced(lambda: collect_answers(fn, cases))), output)

@@ -146,12 +146,14 @@ class Answer:
 @dataclass(frozen=True)
 class Answers:
     """The answers to every case (:func:`collect_answers`); ``gradient``: why the run of case
-    ``gradient_case`` with gradients failed, or ``None``; ``function``: ``module.qualname``."""
+    ``gradient_case`` with gradients failed, or ``None``; ``function``: ``module.qualname``;
+    ``calls``: the vitlab functions the answer ran (recorded only by the instructor's grader)."""
 
     cases: tuple[Answer, ...]
     gradient: str | None = None
     gradient_case: int | None = None
     function: str = ""
+    calls: tuple[str, ...] = ()
 
 
 _HIDDEN: contextvars.ContextVar[bytes | None] = contextvars.ContextVar("vitlab_hidden_cases", default=None)
