@@ -9,7 +9,9 @@ fixtures that serve and open the book are book_build.py's.
 from __future__ import annotations
 
 import functools
+import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, toc_files
 
 CHROMIUM = Path(os.environ.get("VITLAB_CHROMIUM", "/usr/bin/chromium"))
 # Flags that work on a machine with no network: without the background-networking ones,
@@ -33,6 +35,31 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
 AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
+VEGA_MIME = re.compile(r"application/vnd\.vegalite\.v\d+\+json")
+
+
+def figures_in(notebook: Path) -> tuple[int, int]:
+    """How many interactive figures a chapter's stored outputs hold (a Vega-Lite spec, or the
+    HTML that holds one), and how many of them are attention explorers (a "patch" parameter)."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    figures = explorers = 0
+    for data in (output.get("data", {}) for cell in cells for output in cell.get("outputs", [])):
+        spec = next((value for mime, value in data.items() if VEGA_MIME.fullmatch(mime)), None)
+        if spec is not None or 'class="vitlab-vega"' in "".join(data.get("text/html", "")):
+            figures += 1
+            explorers += spec is None or any(param.get("name") == "patch" for param in spec.get("params", []))
+    return figures, explorers
+
+
+# chapter -> (its figures, its explorers)
+FIGURES = {page: figures_in(ROOT / f"{page}.ipynb") for page in toc_files() if page.startswith("notebooks/")}
+FIRST_EXPLORER = next((page for page, (_, explorers) in FIGURES.items() if explorers), "")
+# The pages test_browser_explorer.py opens at a phone's width (and checks that they do not
+# scroll sideways there): every chapter with a figure, and the first explorer's chapter in
+# Korean and Chinese.
+EXPLORED = {page for page, (figures, _) in FIGURES.items() if figures} | {
+    f"{edition}/{FIRST_EXPLORER}" for edition in ("ko", "zh")
+}
 
 
 def unavailable(reason: str) -> None:

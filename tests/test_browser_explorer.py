@@ -15,16 +15,13 @@ are saved in _build/screenshots/explorer/ (look at them after a change to the fi
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from book_browser import SCREENSHOTS, axe, is_local
-
-from conftest import ROOT, toc_files
+from book_browser import FIGURES, FIRST_EXPLORER, SCREENSHOTS, axe, is_local
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
@@ -33,30 +30,13 @@ pytest_plugins = ["book_build"]  # the book, built once (`html`); `site` serves 
 pytestmark = pytest.mark.slow
 
 WIDTHS = {"laptop": {"width": 1280, "height": 900}, "phone": {"width": 390, "height": 844}}  # in this order
-VEGA_MIME = re.compile(r"application/vnd\.vegalite\.v\d+\+json")
 CJK = re.compile("[\\u1100-\\u11ff\\u3130-\\u318f\\uac00-\\ud7af\\u4e00-\\u9fff]")
-
-
-def figures_in(notebook: Path) -> tuple[int, int]:
-    """How many interactive figures a chapter's stored outputs hold (a Vega-Lite spec, or the
-    HTML that holds one), and how many of them are attention explorers (a "patch" parameter)."""
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    figures = explorers = 0
-    for data in (output.get("data", {}) for cell in cells for output in cell.get("outputs", [])):
-        spec = next((value for mime, value in data.items() if VEGA_MIME.fullmatch(mime)), None)
-        if spec is not None or 'class="vitlab-vega"' in "".join(data.get("text/html", "")):
-            figures += 1
-            explorers += spec is None or any(param.get("name") == "patch" for param in spec.get("params", []))
-    return figures, explorers
-
-
-# chapter -> (its figures, its explorers)
-FIGURES = {page: figures_in(ROOT / f"{page}.ipynb") for page in toc_files() if page.startswith("notebooks/")}
 CHAPTERS = {page: figures for page, (figures, _) in FIGURES.items() if figures}
-# Every chapter in English; the first with an explorer in Korean and Chinese. axe-core (about
-# 2 s a page) runs on the figures of that chapter in each edition: the others are the same
-# markup with other data, and test_browser.py runs it over every whole page.
-FIRST = next((page for page, (_, explorers) in FIGURES.items() if explorers), "")
+# Every chapter in English; the first with an explorer in Korean and Chinese (book_browser's
+# EXPLORED). axe-core (about 2 s a page) runs on the figures of that chapter in each edition:
+# the others are the same markup with other data, and test_browser.py runs it over every
+# whole page.
+FIRST = FIRST_EXPLORER
 CASES = [("en", page) for page in CHAPTERS] + [("ko", FIRST), ("zh", FIRST)]
 
 
