@@ -331,3 +331,11 @@ def test_a_grader_failure_on_one_submission_costs_it_only(
     assert results["b_ch.ipynb"].status == "ERROR" and "RecursionError" in results["b_ch.ipynb"].error
     assert not results["b_ch.ipynb"].graded and results["b_ch.ipynb"].rows()[0].score is None
     assert results["a_ch.ipynb"].score == results["c_ch.ipynb"].score == 1
+
+
+def test_kernels_side_by_side_get_their_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [grade_module._threads(jobs) for jobs in (1, 2, 3, 16)] == [None, 4, 2, 1]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the instructor's own setting reaches the kernels instead
+    assert grade_module._threads(2) is None

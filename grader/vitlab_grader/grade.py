@@ -415,6 +415,16 @@ class _Settings:
     limits: Any = None  # vitlab_grader.isolation.Limits; None: its defaults
     run_dir: Path | None = None  # the run's own temporary folder
     secret: bytes | None = None  # the release's secret: hidden cases (None: public cases only)
+    threads: int | None = None  # each kernel's OMP_NUM_THREADS (None: the grader's own, or the default)
+
+
+def _threads(jobs: int) -> int | None:
+    """Each kernel's OpenMP threads when ``jobs`` kernels share the cores: its share of them
+    (a waiting OpenMP thread spins, so more threads than cores cost CPU for nothing); ``None``
+    (the library's default) for one job at a time, or where the instructor set OMP_NUM_THREADS."""
+    if jobs <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return max(1, (os.cpu_count() or 1) // jobs)
 
 
 def _score(status: str, worth: float, fraction: float | None, all_or_nothing: bool) -> float | None:
@@ -745,7 +755,7 @@ def _run_in(
     limits = settings.limits if settings.limits is not None else DEFAULT_LIMITS
     km, isolation = isolated_kernel_manager(
         folder,
-        scrubbed_env(),
+        scrubbed_env({"OMP_NUM_THREADS": str(settings.threads)} if settings.threads else None),
         sandbox=settings.sandbox,
         limits=limits,
         parent=settings.run_dir,
@@ -908,7 +918,7 @@ def grade(
         except (Exception, RecursionError, MemoryError) as exc:  # noqa: BLE001 - costs this submission only
             parsed.append((path, f"the grader could not read it: {type(exc).__name__}"))
     run_dir = Path(tempfile.mkdtemp(prefix="vitlab-grade-"))  # the run's own: submissions' and kernels' folders
-    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir, secret)
+    settings = _Settings(timeout, cell_timeout, all_or_nothing, sandbox, limits, run_dir, secret, _threads(jobs))
 
     def one(item: tuple[Path, Any]) -> NotebookResult:
         path, read = item
