@@ -183,6 +183,7 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     assert document["output"].startswith("# Feedback on ch\\.ipynb") and document["output_format"] == "md"
 
 
+@pytest.mark.slow
 def test_run_autograder_without_a_notebook_scores_zero_of_every_exercise(release: Path, tmp_path: Path) -> None:
     # A right answer's full marks through run_autograder are in the test above (its attention
     # exercise); here no kernel starts: an empty submission gets every exercise at 0.

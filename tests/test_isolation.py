@@ -257,6 +257,7 @@ def test_submission_folder_holds_only_its_files_and_is_removed() -> None:
             pass
 
 
+@pytest.mark.slow
 def test_bubblewrap_hides_the_machine_and_ends_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
     _sandbox_or_skip("bubblewrap")
     seen, _, how = _grade_attack(monkeypatch, sandbox=True, shutdown=True)
@@ -270,6 +271,7 @@ def test_bubblewrap_hides_the_machine_and_ends_every_process(monkeypatch: pytest
     assert seen["classmate_after"] == "classmate's answers" and not seen["beside_after"]
 
 
+@pytest.mark.slow
 def test_unshare_sandbox_hides_the_machine_and_ends_every_process(monkeypatch: pytest.MonkeyPatch) -> None:
     _sandbox_or_skip("unshare")
     original = isolation._available
@@ -281,6 +283,7 @@ def test_unshare_sandbox_hides_the_machine_and_ends_every_process(monkeypatch: p
     assert seen["classmate_after"] == "classmate's answers" and not seen["beside_after"]
 
 
+@pytest.mark.slow
 def test_without_sandbox_env_folder_and_processes_are_still_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
     seen, _, how = _grade_attack(monkeypatch, sandbox=False, shutdown=False)
     assert how.sandbox == "none" and "file isolation unavailable" in how.note
@@ -297,6 +300,7 @@ def test_no_sandbox_starts_gives_none_with_the_reasons(monkeypatch: pytest.Monke
     end_processes(km)  # never started: nothing to do, and no error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", [True, False], ids=["sandbox", "no-sandbox"])
 def test_restart_and_end_processes_twice(sandbox: bool) -> None:
     """The grader restarts a stuck kernel: the new one is isolated too, and ending is idempotent."""
