@@ -226,9 +226,16 @@ def cpu_cgroups() -> tuple[Path | None, str]:
                 control.write_text("+cpu")  # allowed at the root and in a delegated subtree only
         else:
             return None, "no cgroup file system is mounted"
-        os.rmdir(tempfile.mkdtemp(prefix="vitlab-probe-", dir=folder))  # may this process make one here?
+        probe = Path(tempfile.mkdtemp(prefix="vitlab-probe-", dir=folder))  # may this process make one here,
+        try:  # and may a process join it?
+            join = [sys.executable, "-I", "-S", "-c", _JOIN_CGROUP, str(probe / "cgroup.procs"), "true"]
+            subprocess.run(join, check=True, capture_output=True, timeout=60)
+        finally:
+            os.rmdir(probe)
     except OSError as error:
         return None, f"no cgroup may be made ({error.strerror}: {error.filename}; it needs root or a delegated subtree)"
+    except subprocess.SubprocessError:
+        return None, f"a process may not join a cgroup made in {folder}"
     return folder, kind
 
 
@@ -770,8 +777,25 @@ def end_processes(km: AsyncKernelManager) -> None:
             provisioner.process.wait(timeout=_KILL_WAIT)  # type: ignore[union-attr]
     shutil.rmtree(km._runtime, ignore_errors=True)
     if km._cgroup is not None:
-        with contextlib.suppress(OSError):  # gone already, or (past the deadline) not yet empty
-            os.rmdir(km._cgroup)
+        _remove_cgroup(km._cgroup, time.monotonic() + _KILL_WAIT)
+
+
+def _remove_cgroup(cgroup: Path, deadline: float) -> None:
+    """Remove a kernel's cgroup once the processes killed in it have left it (they leave as they
+    are reaped, a moment after the kill); what is still inside then is killed again."""
+    while True:
+        try:
+            os.rmdir(cgroup)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # busy: not yet empty
+            if time.monotonic() > deadline:
+                return
+            left = sorted(_cgroup_processes(cgroup))
+            _kill(left)
+            _reap(left)
+            time.sleep(0.02)
 
 
 def _cgroup_processes(cgroup: Path | None) -> set[int]:
