@@ -76,12 +76,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check notebooks
 	$(VENV)/bin/pyright --threads 2
 
-# Lint runs beside the tests (pyright keeps about 1.4 of the 2 cores busy for 40 s, and the
-# tests take the rest); either one failing fails `make test`.
-test: $(STAMP) mathjax
-	$(MAKE) --no-print-directory lint & lint=$$!; \
-	$(PY) -m pytest $(XDIST) tests notebooks $(NBVAL); status=$$?; \
-	wait $$lint || status=1; exit $$status
+test: $(STAMP) mathjax lint
+	$(PY) -m pytest $(XDIST) tests notebooks $(NBVAL)
 
 # The tests marked slow (tests/conftest.py) are left out: the book build and the browser, the
 # notebook runs, the fresh environment, the grader's kernels, torch.compile, and the reference
