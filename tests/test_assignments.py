@@ -524,7 +524,7 @@ def chapter_checks() -> dict[int, list[str]]:
 def test_the_instructors_page_lists_every_chapter_with_its_checks() -> None:
     page = (ROOT / "book" / "instructors.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\d+) \| [^|]+ \| [^|]+ \| ([^|]+) \|$", page, re.M)
-    table = {int(n): re.findall(r"`(\w+)`", checks) for n, checks in rows}
+    table = {int(n): re.findall(r"`(\w+)`", checks) for n, checks in rows if "`" in checks}  # not the Gradescope table
     assert table == chapter_checks()
 
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell
 
-from conftest import ATTENTION_RIGHT, ATTENTION_STUB, TOKEN, cell_of, honest, release_notebook
+from conftest import ATTENTION, ATTENTION_RIGHT, ATTENTION_STUB, TOKEN, cell_of, honest, release_notebook
 from vitlab_grader import make_student
 from vitlab_grader.__main__ import main
 from vitlab_grader.grade import ANSWERS_LIMIT, OUTPUT_LIMIT, ExerciseResult, NotebookResult, _load_answers, grade
@@ -36,11 +36,10 @@ from vitlab_grader.isolation import MESSAGE_LIMIT
 grade_module = importlib.import_module("vitlab_grader.grade")  # the module (the package exports a function grade)
 
 REFUSED = "the submission is a symbolic link, not a regular file, or cannot be read: not read"
-# a later cell writes the reference's answers over the attention check's answers file
-FORGE = """from vitlab.checks.attention import _reference
-from vitlab_grader.harness import answer_cases
+# a cell after the token check writes wrong answers over its answers file (the grader read it already)
+FORGE = """from vitlab_grader.harness import answer_cases
 
-answer_cases('.vitlab-grader/1-cases.pt', '.vitlab-grader/1-answers.pt', lambda: _reference)"""
+answer_cases('.vitlab-grader/0-cases.pt', '.vitlab-grader/0-answers.pt', lambda: lambda *args: 0)"""
 META = "def attention(q, k, v, mask=None):\n    return torch.empty(v.shape, device='meta')"
 FAKE_TIMEOUT = "class CellTimeoutError(Exception):\n    pass\n\nraise CellTimeoutError('not a timeout')"
 PRINTS = (  # just past each limit: every byte printed is one the kernel and the grader move
@@ -53,6 +52,20 @@ PRINTS = (  # just past each limit: every byte printed is one the kernel and the
 def insert_before_first_check(source: str) -> Any:
     def change(notebook: nbformat.NotebookNode) -> None:
         notebook.cells.insert(cell_of(notebook, f"checks.{TOKEN}("), new_code_cell(source))
+
+    return change
+
+
+def after_first_check(source: str) -> Any:
+    def change(notebook: nbformat.NotebookNode) -> None:
+        notebook.cells.insert(cell_of(notebook, f"checks.{TOKEN}(") + 1, new_code_cell(source))
+
+    return change
+
+
+def before_last_check(source: str) -> Any:  # the grader runs a notebook up to its last check
+    def change(notebook: nbformat.NotebookNode) -> None:
+        notebook.cells.insert(cell_of(notebook, f"checks.{ATTENTION}("), new_code_cell(source))
 
     return change
 
@@ -73,12 +86,13 @@ def replace_attention(source: str) -> Any:
 
 # name: change to the honest notebook (graded: 1 point each, the honest work)
 GRADED: dict[str, Any] = {
-    "scan_memory_error": append("x = " + "-" * 100_000 + "1"),  # the parser's MemoryError in the static scan
+    "scan_memory_error": before_last_check("x = " + "-" * 100_000 + "1"),  # the parser's MemoryError in the static scan
     "meta_tensor": replace_attention(META),
-    "forged_answers": append(FORGE),
-    "fake_timeout": append(FAKE_TIMEOUT),
+    "forged_answers": after_first_check(FORGE),
+    "fake_timeout": before_last_check(FAKE_TIMEOUT),
     "kernel_dies": insert_before_first_check("import os\n\nos._exit(1)"),
-    "prints_a_lot": append(PRINTS),
+    "prints_a_lot": before_last_check(PRINTS),
+    "dies_after_the_last_check": append("import os\n\nos._exit(1)"),  # never runs: no score can change after it
 }
 
 
@@ -147,6 +161,12 @@ def test_a_crafted_notebook_costs_itself_only(run: dict[str, Any], name: str) ->
 
 
 @pytest.mark.slow
+def test_the_run_ends_with_the_last_check(run: dict[str, Any]) -> None:
+    result = run["results"]["dies_after_the_last_check_ch"]
+    assert (result["status"], result["error"], result["restarts"]) == (run["results"]["honest_ch"]["status"], "", 0)
+
+
+@pytest.mark.slow
 def test_the_static_scan_failing_is_reported(run: dict[str, Any]) -> None:
     result = run["results"]["scan_memory_error_ch"]
     assert "the static scan could not read a cell: too complex to parse (MemoryError)" in result["anomalies"]
@@ -159,11 +179,10 @@ def test_a_meta_tensor_answer_fails_by_name(run: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_a_rewritten_answers_file_gains_nothing_and_is_reported(run: dict[str, Any]) -> None:
-    result = run["results"]["forged_answers_ch"]
-    assert result["exercises"][1]["status"] == "TODO", result["exercises"][1]
+def test_a_rewritten_answers_file_changes_nothing_and_is_reported(run: dict[str, Any]) -> None:
+    result = run["results"]["forged_answers_ch"]  # its token count keeps the score of its right answer
     assert any(
-        "answers file (.vitlab-grader/1-answers.pt) changed after its check ran" in a for a in result["anomalies"]
+        "answers file (.vitlab-grader/0-answers.pt) changed after its check ran" in a for a in result["anomalies"]
     )
 
 

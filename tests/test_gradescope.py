@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import pytest
 from grader_release import (
     ATTENTION_RIGHT,
@@ -21,7 +23,8 @@ from grader_release import (
     write,
 )
 
-from vitlab_grader import make_student
+from conftest import ROOT
+from vitlab_grader import AssignmentError, make_student
 from vitlab_grader.grade import ExerciseResult, NotebookResult
 from vitlab_grader.gradescope import build, results_json
 from vitlab_grader.release import read_release
@@ -106,6 +109,53 @@ def test_the_zip_has_gradescopes_layout(release: Path, tmp_path: Path) -> None:
     assert settings["timeout"] == 60 and settings["visibility"] == "after_published"
 
 
+def _imported(code: str, top_level: bool) -> set[str]:
+    """The top-level names of the modules ``code`` imports (at its module level only, if ``top_level``)."""
+    tree = ast.parse("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!"))))
+    nodes = tree.body if top_level else list(ast.walk(tree))
+    names = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module and not node.level]
+    return {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {"vitlab", "google"}  # Colab's
+
+
+def test_the_container_installs_what_the_chapters_import() -> None:
+    """Every package the chapters' cells and vitlab's modules import is in setup.sh's installs or their dependencies."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from vitlab_grader.gradescope import REQUIREMENTS
+
+    modules = set()
+    for path in (ROOT / "vitlab").rglob("*.py"):
+        modules |= _imported(path.read_text(encoding="utf-8"), top_level=True)  # a function's import is optional
+    for path in (ROOT / "notebooks").glob("*.ipynb"):
+        cells = nbformat.read(path, as_version=4).cells
+        modules |= {name for c in cells if c.cell_type == "code" for name in _imported(c.source, top_level=False)}
+    installed, todo = set(), [*REQUIREMENTS, "torch", "torchvision"]  # torch and torchvision: setup.sh's first line
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name not in installed:
+            installed.add(name)
+            try:
+                todo += [r.name for r in map(Requirement, requires(name) or []) if not r.marker or r.marker.evaluate()]
+            except PackageNotFoundError:
+                pass
+    distributions = packages_distributions()
+    missing = {m for m in modules if not {canonicalize_name(d) for d in distributions.get(m, [m])} & installed}
+    assert not missing, f"imported by the chapters or vitlab, not installed in the container: {sorted(missing)}"
+
+
+def test_a_release_notebook_without_checks_is_refused(release: Path, tmp_path: Path) -> None:
+    notebook = nbformat.read(release / "ch.ipynb", as_version=4)
+    notebook.cells = [c for c in notebook.cells if "check" not in c.metadata.get("tags", [])]
+    nbformat.write(notebook, release / "reading.ipynb")  # a chapter with no exercises, such as 14
+    with pytest.raises(AssignmentError, match="reading: no check cells"):
+        build([release], tmp_path / "autograder.zip")
+    assert not (tmp_path / "autograder.zip").exists()
+
+
 def test_results_json_follows_the_documented_format(release: Path) -> None:
     (ch,) = read_release([release])
     token, attention = ch.checks
@@ -138,6 +188,22 @@ def test_results_json_follows_the_documented_format(release: Path) -> None:
         check_results({**document, "tests": [{**tests[0], "visibility": "students"}]})
 
 
+WATCHED_PYTHON = """#!{python}
+import runpy, sys
+import vitlab_grader.grade
+grade = sys.modules["vitlab_grader.grade"]  # the module (the package's attribute is the function)
+
+def watched(*args, **kwargs):
+    with open({record!r}, "w") as record:
+        record.write(str("torch" in sys.modules))
+    return execute(*args, **kwargs)
+
+execute, grade._execute = grade._execute, watched
+sys.argv[:] = sys.argv[2:]  # run_autograder's "-m vitlab_grader.gradescope ARGS"
+runpy.run_module("vitlab_grader.gradescope", run_name="__main__")
+"""
+
+
 def autograder_folder(zip_path: Path, root: Path, submissions: list[Path]) -> Path:
     """``root`` laid out as Gradescope's /autograder: source/, run_autograder, submission/, results/."""
     with zipfile.ZipFile(zip_path) as archive:
@@ -158,7 +224,11 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     sub = submission(student, TOKEN_PITFALL_9, ATTENTION_RIGHT, tmp_path / "subs" / "ch.ipynb")
     out = build([release], tmp_path / "autograder.zip", timeout=120, secret=SECRET)  # hidden cases too
     root = autograder_folder(out, tmp_path / "autograder", [sub])
-    env = {**os.environ, "VITLAB_GRADER_PYTHON": sys.executable}
+    # run_autograder's Python, watched: was PyTorch imported in the grader while the kernel ran?
+    watch = tmp_path / "python"
+    watch.write_text(WATCHED_PYTHON.format(python=sys.executable, record=str(tmp_path / "torch.txt")))
+    watch.chmod(0o755)
+    env = {**os.environ, "VITLAB_GRADER_PYTHON": str(watch)}
     # the autograder's kernel and grade's below run at the same time: each mostly waits on its own
     with open(tmp_path / "stderr.txt", "w", encoding="utf-8") as stderr:  # the child keeps its own copy
         autograder = subprocess.Popen(
@@ -181,6 +251,8 @@ def test_run_autograder_scores_as_grade_does(release: Path, tmp_path: Path) -> N
     ]
     assert document["score"] == pytest.approx(expected.score) and 0 < document["score"] < 3
     assert document["output"].startswith("# Feedback on ch\\.ipynb") and document["output_format"] == "md"
+    # the grader held no PyTorch while the kernel ran (Gradescope's memory): only after it
+    assert (tmp_path / "torch.txt").read_text() == "False", "the grader imported PyTorch before the kernel ended"
 
 
 @pytest.mark.slow

@@ -62,9 +62,10 @@ def fill(text: str, paths: dict[str, Path]) -> str:
     return text
 
 
-def append(*sources: str) -> Any:
+def before_last_check(*sources: str) -> Any:  # the grader runs a notebook up to its last check
     def change(notebook: nbformat.NotebookNode, paths: dict[str, Path]) -> None:
-        notebook.cells += [new_code_cell(fill(text, paths)) for text in sources]
+        at = cell_of(notebook, f"checks.{ATTENTION}(")
+        notebook.cells[at:at] = [new_code_cell(fill(text, paths)) for text in sources]
 
     return change
 
@@ -189,9 +190,10 @@ REPLACE_COMPARISON = (
 )
 FAKE_MODULE = (
     "import sys, types\n\nfake = types.ModuleType('vitlab.checks')\n"
-    f"fake.{ATTENTION} = lambda fn: print({PASS_LINE!r})\nsys.modules['vitlab.checks'] = fake\n"
-    "sys.modules['vitlab_grader.harness'] = fake"
+    f"fake.{ATTENTION} = lambda fn: print({PASS_LINE!r})\nsys.modules['vitlab.checks'] = fake"
 )
+# breaks the grader's cell in the kernel: its exercise is not graded (never scored) and the code is reported
+FAKE_HARNESS = "import sys, types\n\nsys.modules['vitlab_grader.harness'] = types.ModuleType('vitlab_grader.harness')"
 HOOK = (
     "from IPython.display import display\n\n"
     f"get_ipython().events.register('post_run_cell', lambda result: display({FAKE_RESULT}, raw=True))"
@@ -200,7 +202,7 @@ HOOK = (
 # name: (change to the honest notebook, words every one of which the report must contain)
 ATTACKS: dict[str, tuple[Any, list[str]]] = {
     "1_replace_the_checks": (
-        append(REPLACE_CHECK, REPLACE_COMPARISON, FAKE_MODULE),
+        before_last_check(REPLACE_CHECK, REPLACE_COMPARISON, FAKE_MODULE),
         [
             f"replaces vitlab.checks.{ATTENTION}",
             "replaces vitlab.checks._core.problem",
@@ -208,8 +210,9 @@ ATTACKS: dict[str, tuple[Any, list[str]]] = {
             "reads or changes sys.modules",
         ],
     ),  # fmt: skip
+    "1_break_the_graders_cell": (before_last_check(FAKE_HARNESS), ["reads or changes sys.modules"]),
     "2_show_a_pass": (
-        append(f"print({PASS_LINE!r})", HOOK),
+        before_last_check(f"print({PASS_LINE!r})", HOOK),
         ["writes a check's result line", "registers an IPython event hook", "shows data of the checks' MIME type"],
     ),
     "3_stack_walk": (replace_stub(STACK_WALK), ["walks the call stack"]),
@@ -224,11 +227,13 @@ ATTACKS: dict[str, tuple[Any, list[str]]] = {
     ),  # fmt: skip
     "4_delete_failing": (delete_failing_check, [f"{ATTENTION}: the check cell was deleted"]),
     "5_other_chapter": (
-        append("vitlab.checks.patchify(lambda images, p: images)", "vitlab.checks.split_heads(lambda x, h: x)"),
+        before_last_check(
+            "vitlab.checks.patchify(lambda images, p: images)", "vitlab.checks.split_heads(lambda x, h: x)"
+        ),
         ["extra check cell", "calls vitlab.checks.patchify", "calls vitlab.checks.split_heads"],
     ),
     "7_at_grading_time": (
-        append(READ_OTHERS, OVERWRITE, DETACHED),
+        before_last_check(READ_OTHERS, OVERWRITE, DETACHED),
         ["writes outside its folder", "starts processes (subprocess.Popen)"],
     ),
     "8_environment": (replace_stub(ENVIRONMENT), ["reads or sets the environment (os.environ.get)"]),
@@ -313,6 +318,10 @@ def test_an_attack_scores_its_honest_work_and_is_reported(attacked: dict[str, An
     result = attacked["results"][name]
     if name.startswith("7_") and result["sandbox"] == "none":  # no OS sandbox on this machine
         assert "file isolation unavailable" in result["isolation"]
+    elif name == "1_break_the_graders_cell":  # the exercise after it: not graded, so never a score
+        token, attention = result["exercises"]
+        assert (token["score"], attention["status"], attention["score"]) == (1, "ERROR", None), attention
+        assert "the grader's cell raised AttributeError" in attention["message"], attention
     else:
         assert result["score"] == 1, (result["exercises"], report(result))
     assert result["max_score"] == 3  # the release's points, whatever the notebook says
@@ -320,7 +329,8 @@ def test_an_attack_scores_its_honest_work_and_is_reported(attacked: dict[str, An
     for words in ATTACKS[name][1]:
         assert words in report(result), report(result)
     row = attacked["gradebook"][f"{name}_ch"]  # the id: the file name
-    assert row["total"] == "1" or name.startswith("7_") and result["sandbox"] == "none"
+    total = "" if name == "1_break_the_graders_cell" else "1"  # an ungraded exercise: no total, never a guess
+    assert row["total"] == total or name.startswith("7_") and result["sandbox"] == "none"
     assert ATTACKS[name][1][0] in row["anomalies"]
 
 

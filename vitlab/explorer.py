@@ -70,12 +70,14 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
     """Explorer of ``maps`` (:func:`vitlab.attention_maps` of a batch whose first image is ``image``)."""
     layers = map_layers(maps, extra)
     side, heads, S = max(grid(a.shape[1])[0] for _, a in layers), max(a.shape[0] for _, a in layers), image.shape[-1]
+    tokens = ["[cls]", "[dist]"][: max(1, *(grid(a.shape[1])[1] for _, a in layers))]  # the patches -1, -2
     layer = alt.param(name="layer", value=len(layers) - 1, bind=alt.binding_select(
         options=list(range(len(layers))), labels=[label for label, _ in layers], name="layer "))  # fmt: skip
     head = alt.param(name="head", value=-1, bind=alt.binding_select(
         options=list(range(-1, heads)), labels=["mean", *map(str, range(heads))], name="head "))  # fmt: skip
     patch = alt.selection_point(name="patch", fields=["p"], on="click", clear=False, value=side * side // 2 + side // 2,
-        bind=alt.binding_range(min=-1, max=side * side - 1, step=1, name="query patch (-1: [cls]) "))  # fmt: skip
+        bind=alt.binding_range(min=-len(tokens), max=side * side - 1, step=1,
+        name=f"query patch ({', '.join(f'{-1 - i}: {t}' for i, t in enumerate(tokens))}) "))  # fmt: skip
     x = alt.X("x0:Q", scale=alt.Scale(domain=[0, S]), axis=None)
     y = alt.Y("y0:Q", scale=alt.Scale(domain=[0, S], reverse=True), axis=None)
     pixels = [{"x0": j, "x1": j + 1, "y0": i, "y1": i + 1, "g": round(float(g), 2)}
@@ -88,7 +90,8 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
     picks = alt.Chart(alt.NamedData("cells"), name="patches").mark_rect(fill="white", fillOpacity=0.01).encode(
         x=x, x2="x1", y=y, y2="y1", stroke=alt.condition(patch, alt.value("#d62728"), alt.value(None)),
         strokeWidth=alt.value(3)).add_params(patch)  # fmt: skip
-    target = (f"datum.qs * datum.qs + datum.qe == 1 ? 0 : patch_p < 0 ? (datum.qe > 0 ? 0 : -1) : datum.qe"
+    target = (f"datum.qs * datum.qs + datum.qe == 1 ? 0 : patch_p < 0 ? (-patch_p <= datum.qe ? -patch_p - 1 : -1)"
+              f" : datum.qe"
               f" + floor(floor(patch_p / {side}) * datum.qs / {side}) * datum.qs"
               f" + floor((patch_p % {side}) * datum.qs / {side})")  # fmt: skip
     # Patch keys fill the grid; the other keys ([cls], DeiT's distillation token) a strip below.

@@ -15,7 +15,7 @@
       "previous step": "이전 단계", "next step": "다음 단계",
       "self-attention": "셀프 어텐션", "class-attention": "클래스 어텐션", "cross-attention": "크로스 어텐션",
       "re-attention": "재어텐션", "talking heads": "토킹 헤드", "before mixing": "섞기 전",
-      "after mixing": "섞은 뒤", "rollout": "롤아웃", "input": "입력",
+      "after mixing": "섞은 뒤", "rollout": "롤아웃", "input": "입력", "attention bias": "어텐션 바이어스",
       "self": "셀프", "class": "클래스", "cross": "크로스", "mixed": "섞임",
     },
     zh: {
@@ -24,7 +24,7 @@
       "previous step": "上一步", "next step": "下一步",
       "self-attention": "自注意力", "class-attention": "类注意力", "cross-attention": "交叉注意力",
       "re-attention": "重注意力", "talking heads": "talking heads", "before mixing": "混合前",
-      "after mixing": "混合后", "rollout": "展开", "input": "输入",
+      "after mixing": "混合后", "rollout": "展开", "input": "输入", "attention bias": "注意力偏置",
       "self": "自", "class": "类", "cross": "交叉", "mixed": "混合",
     },
   };

@@ -29,7 +29,8 @@ each one alone:
    and is flagged by name; in the kernel the checks' own functions are tripwires that
    compute nothing and report the call (:mod:`vitlab_grader.anomalies`).
 
-Each notebook has a time limit (kernel start-up not counted) and, optionally, one per
+The notebook runs up to its last check: later cells cannot change a score, and are not
+run. Each notebook has a time limit (kernel start-up not counted) and, optionally, one per
 cell. Cells that raise do not stop it, so later checks still run. A cell past the per-cell
 limit is interrupted; if the kernel does not answer within a few seconds it is restarted
 and every earlier cell that ran (the checks and the timed-out cell excepted) runs again.
@@ -65,6 +66,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -318,8 +320,10 @@ def _execute(
 
     ``skip``: the grader's cells, which a restart does not run again; ``describe(index)``
     names a cell in messages; ``after(index)`` is called right after each cell of ``skip``
-    ran, before any other cell. A cell past its limit is interrupted; a kernel that does not
-    answer then, or that died, is restarted and the finished cells run again (at most
+    ran, before any other cell. The run ends with the last of ``skip``: no later cell can
+    change a score, and a chapter's last cells (an appendix, a larger model) cost time and
+    memory. A cell past its limit is interrupted; a kernel that does not answer then, or
+    that died, is restarted and the finished cells run again (at most
     :data:`MAX_RESTARTS` times). The kernel is shut down on return.
     """
     from nbclient.exceptions import DeadKernelError
@@ -338,7 +342,8 @@ def _execute(
         with client.setup_kernel(stderr=subprocess.DEVNULL, cleanup_kc=True):
             start = time.monotonic()
             deadline = start + timeout
-            for index, cell in enumerate(notebook.cells):
+            last = max(skip, default=len(notebook.cells) - 1)
+            for index, cell in enumerate(notebook.cells[: last + 1]):
                 if cell.cell_type != "code":
                     continue
                 left = deadline - time.monotonic()
@@ -651,15 +656,41 @@ def _with_hidden(public: Any, hidden: Any) -> Any:
     return dataclasses.replace(public, status=status, message=message, cases_passed=passed, cases_total=total)
 
 
-def _write_cases(folder: Path, checks: Sequence[ReleaseCheck], specs: dict[str, Any], hidden: dict[str, Any]) -> None:
-    """Each check's cases for the grader's cell: the public ones, then the hidden ones (if any)."""
+def _write_cases(folder: Path, checks: Sequence[tuple[int, str]], secret: bytes | None) -> None:
+    """Each check's cases for the grader's cell (``checks``: number and name): public, then hidden ones."""
     import torch
+
+    from vitlab_grader.specs import check_spec
 
     work = folder / _WORK
     work.mkdir()
-    for check in checks:
-        extra = hidden[check.check].cases if check.check in hidden else ()
-        torch.save([*specs[check.check].cases, *extra], work / f"{check.number}-cases.pt")
+    for number, check in checks:
+        extra = hidden_spec(check, secret).cases if secret else ()
+        torch.save([*check_spec(check).cases, *extra], work / f"{number}-cases.pt")
+
+
+def _write_cases_lean(folder: Path, checks: Sequence[ReleaseCheck], secret: bytes | None) -> None:
+    """:func:`_write_cases`, in a child process while this one has not imported PyTorch.
+
+    Then the grader holds no PyTorch (about 200 MB) while the kernel runs, which keeps a
+    Gradescope container's one submission within its memory: PyTorch is imported after
+    the kernel ended, to compare. The cases are the same (the specs are seeded).
+    """
+    pairs = [(check.number, check.check) for check in checks]
+    if "torch" in sys.modules:
+        _write_cases(folder, pairs, secret)
+        return
+    order = json.dumps({"folder": str(folder), "checks": pairs, "secret": secret.hex() if secret else None})
+    code = (
+        "import json, sys; from pathlib import Path; from vitlab_grader.grade import _write_cases; "
+        "o = json.load(sys.stdin); secret = o['secret'] and bytes.fromhex(o['secret']); "
+        "_write_cases(Path(o['folder']), o['checks'], secret)"
+    )
+    # the secret goes through a pipe, never the command line
+    done = subprocess.run([sys.executable, "-c", code], input=order, cwd=folder.parent, capture_output=True, text=True)
+    if done.returncode:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+        raise RuntimeError(f"the cases could not be written: {_first_line(why)}")
 
 
 def _grade_submission(
@@ -706,14 +737,11 @@ def _run_in(
     import nbformat
 
     from vitlab_grader.isolation import DEFAULT_LIMITS, end_processes, isolated_kernel_manager, scrubbed_env
-    from vitlab_grader.specs import check_spec
 
     planned = plan(notebook, release, partial(_harness_source, folder))
     result.anomalies += planned.anomalies
     cells = notebook["cells"]
-    specs = {check.check: check_spec(check.check) for check in release.checks}
     secret = settings.secret
-    hidden = {check.check: hidden_spec(check.check, secret) for check in release.checks} if secret else {}
     code = [source(cells[n]) for kind, n in planned.origins if kind == "student"]
     # judged: the cells the student wrote or changed; the release's own only bind names
     written = scan.student_cells([cells[n] for kind, n in planned.origins if kind == "student"],
@@ -751,7 +779,7 @@ def _run_in(
             saved[index] = str(exc)
 
     start = time.monotonic()
-    _write_cases(folder, release.checks, specs, hidden)
+    _write_cases_lean(folder, release.checks, secret)
     limits = settings.limits if settings.limits is not None else DEFAULT_LIMITS
     km, isolation = isolated_kernel_manager(
         folder,
@@ -789,6 +817,10 @@ def _run_in(
         result.status, result.error = "ERROR", result.first_error
     elif run.died:
         result.status, result.error = "ERROR", run.died[min(run.died)]
+    from vitlab_grader.specs import check_spec  # PyTorch, now that the kernel has ended
+
+    specs = {check.check: check_spec(check.check) for check in release.checks}
+    hidden = {check.check: hidden_spec(check.check, secret) for check in release.checks} if secret else {}
     where = {number: i for i, number in number_at.items()}
     for check in release.checks:
         spec, secret_cases = specs[check.check], hidden.get(check.check)

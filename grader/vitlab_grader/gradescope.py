@@ -51,7 +51,7 @@ VISIBILITY = ("hidden", "after_due_date", "after_published", "visible")
 # versions here (torch and torchvision come from PyTorch's CPU index, in setup.sh).
 REQUIREMENTS = (
     "einops", "numpy", "tqdm", "nbformat", "nbclient", "jupyter_client", "ipykernel",
-    "matplotlib", "scikit-image", "scikit-learn", "timm", "torchinfo", "graphviz",
+    "matplotlib", "scikit-image", "scikit-learn", "timm", "torchinfo", "graphviz", "altair",
 )  # fmt: skip
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 SECRET_FILE = "hidden.key"  # the release's secret in the zip (/autograder/source/hidden.key)
@@ -126,17 +126,19 @@ def build(
     """Write the autograder zip (the module's docstring); its path.
 
     Raises:
-        AssignmentError: the release cannot be read.
+        AssignmentError: the release cannot be read, or a notebook of it has no check.
         ValueError: an unknown ``visibility``.
     """
     import torch
 
-    from vitlab_grader.exercises import find_notebooks
+    from vitlab_grader.exercises import AssignmentError, find_notebooks
     from vitlab_grader.release import read_release
 
     if visibility not in VISIBILITY:
         raise ValueError(f"visibility must be one of {', '.join(VISIBILITY)}, got {visibility!r}")
     releases = read_release(release)  # the release is valid before anything is written
+    if unchecked := [r.name for r in releases if not r.checks]:
+        raise AssignmentError(f"{', '.join(unchecked)}: no check cells in the release, nothing to grade on Gradescope")
     vitlab_version = _version("vitlab", __import__("vitlab").__version__)
     grader_version = _version("vitlab-grader")
     torch_version = torch.__version__.split("+")[0]

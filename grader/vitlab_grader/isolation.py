@@ -304,9 +304,12 @@ def _package_dirs() -> list[Path]:
     ``vitlab_grader.harness`` for the grader's cells. They are the only parts of a
     checkout that a sandboxed kernel sees.
     """
-    import vitlab
+    import importlib.util
 
-    return [Path(vitlab.__file__).resolve().parent, Path(__file__).resolve().parent]
+    vitlab = importlib.util.find_spec("vitlab")  # found, not imported: the grader imports PyTorch late
+    if vitlab is None or vitlab.origin is None:
+        raise ModuleNotFoundError("the kernel needs vitlab, which is not installed")
+    return [Path(vitlab.origin).resolve().parent, Path(__file__).resolve().parent]
 
 
 def _installation() -> list[str]:

@@ -7,8 +7,10 @@ there and runs nothing, so no student function is called and nothing is printed.
 
 from __future__ import annotations
 
-import vitlab.checks
-from vitlab.checks._core import CheckSpec, SpecRequest
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vitlab.checks._core import CheckSpec
 
 
 def check_spec(name: str) -> CheckSpec:
@@ -17,6 +19,9 @@ def check_spec(name: str) -> CheckSpec:
     Raises:
         ValueError: no check of that name, or a check that is not built on ``run_check``.
     """
+    import vitlab.checks  # imports PyTorch: not before it is needed (the grader's memory)
+    from vitlab.checks._core import SpecRequest
+
     check = getattr(vitlab.checks, name, None)
     if name not in vitlab.checks.__all__ or name == "CheckResult" or not callable(check):
         raise ValueError(f"vitlab.checks has no check named {name!r}")
