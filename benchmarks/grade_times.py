@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/grade_times.py [notebooks/09_pit.ipynb ...] [--repeats 3]
 
-For each chapter: its student copy (``make_student``) is the release, and the submission is
-that copy with every exercise's solution pasted back into its stub (a student who solved
-everything). Two timings, each the median of ``--repeats`` runs, one after the other:
+For each chapter: the student copies of its folder (``make_student``, with the folder's
+``data/``, as an instructor makes them) are the release, and the submission is the
+chapter's copy with every exercise's solution pasted back into its stub (a student who
+solved everything). Two timings, each the median of ``--repeats`` runs, one after the other:
 
 * **plain run**: the submission executed once by nbclient in a fresh kernel, its checks
   printing their lines in the notebook (what grading cost before it was run against the
@@ -93,9 +94,10 @@ def grade_class(instructor: Path, students: int, jobs: int, folder: Path) -> Non
     from vitlab_grader.__main__ import main as grader
 
     key = folder / "hidden.key"
-    with contextlib.redirect_stdout(io.StringIO()):
-        grader(["student", str(instructor), "--out", str(folder / "release"), "--secret", str(key)])
+    with contextlib.redirect_stdout(io.StringIO()):  # the whole folder, as an instructor does: its data/ too
+        grader(["student", str(instructor.parent), "--out", str(folder / "release"), "--secret", str(key)])
     copy = folder / "release" / instructor.name
+    (folder / "data").symlink_to(folder / "release" / "data")  # the plain run reads it too
     solved = solved_copy(instructor, copy, folder / "solved.ipynb")
     subs = folder / "submissions"
     subs.mkdir()
@@ -142,7 +144,9 @@ def main() -> None:
     for name in args.notebooks:
         instructor = Path(name).resolve()
         with tempfile.TemporaryDirectory() as folder:
-            (copy,) = make_student([instructor], Path(folder) / "release")
+            copies = make_student([instructor.parent], Path(folder) / "release")  # with its data/, as in class
+            copy = next(c for c in copies if c.source == instructor)
+            (Path(folder) / "data").symlink_to(Path(folder) / "release" / "data")  # the plain run reads it too
             submission = solved_copy(instructor, copy.target, Path(folder) / f"s1_{instructor.name}")
             plain, sandboxed, unsandboxed, used = [], [], [], ""
             for _ in range(args.repeats):

@@ -557,6 +557,19 @@ def test_a_submission_is_matched_to_its_release_notebook_by_name_then_stamp(tmp_
     assert match_release(Path("homework.ipynb"), {"metadata": {}}, releases)[0] is None
 
 
+def test_a_release_ships_its_folders_data_at_the_same_paths(tmp_path: Path) -> None:
+    from vitlab_grader.release import read_release
+
+    write(instructor_notebook(), tmp_path / "instructor" / "ch.ipynb")
+    files = {"data/explorer.pt": b"weights", "labels.csv": b"1,2", ".secret": b"s", "data/.cache": b"c"}
+    for name, data in files.items():
+        (tmp_path / "instructor" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "instructor" / name).write_bytes(data)
+    make_student([tmp_path / "instructor"], tmp_path / "release")  # a folder: its data is copied along
+    (release,) = read_release([tmp_path / "release"])
+    assert release.files == {"data/explorer.pt": b"weights", "labels.csv": b"1,2"}  # no hidden file, no notebook
+
+
 def test_the_plan_runs_the_releases_checks_wherever_the_submission_put_them(tmp_path: Path) -> None:
     from vitlab_grader.release import plan, read_release
 

@@ -244,12 +244,16 @@ def test_the_kernel_finds_the_graders_packages_in_a_checkout_or_installed(
 
 
 def test_submission_folder_holds_only_its_files_and_is_removed() -> None:
-    with submission_folder({"09_pit.ipynb": b"{}", "data.csv": b"1,2"}) as folder:
-        assert sorted(p.name for p in folder.iterdir()) == ["09_pit.ipynb", "data.csv"]
-        assert (folder / "data.csv").read_bytes() == b"1,2"
+    with submission_folder({"09_pit.ipynb": b"{}", "data.csv": b"1,2", "data/w.pt": b"w"}) as folder:
+        assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == [
+            "09_pit.ipynb",
+            "data.csv",
+            "data/w.pt",
+        ]
+        assert (folder / "data.csv").read_bytes() == b"1,2" and (folder / "data" / "w.pt").read_bytes() == b"w"
     assert not folder.exists()
-    for bad in ("../x.ipynb", "a/b.ipynb", "..", "", "a\\b"):
-        with pytest.raises(ValueError, match="plain file name"):
+    for bad in ("../x.ipynb", "a/../../b.ipynb", "/etc/x", "a//b", "..", "", "a\\b"):
+        with pytest.raises(ValueError, match="plain file names"):
             with submission_folder({bad: b""}):
                 pass
     with pytest.raises(TypeError, match="bytes"):

@@ -274,20 +274,22 @@ class Isolation:
 
 @contextlib.contextmanager
 def submission_folder(files: Mapping[str, bytes], parent: str | Path | None = None) -> Iterator[Path]:
-    """A fresh temporary folder holding only ``files`` (name -> content); removed afterwards.
+    """A fresh temporary folder holding only ``files`` (relative path -> content); removed afterwards.
 
-    Names are plain file names: no path separators, not ``.`` or ``..``, nothing else.
-    ``parent``: where the folder is made (the grading run's own folder; default the
-    system's temporary folder), always under a new, unique name.
+    A path is plain file names joined by ``/`` (``data/weights.pt``): not absolute, no
+    ``.`` or ``..``, no backslash. ``parent``: where the folder is made (the grading run's
+    own folder; default the system's temporary folder), always under a new, unique name.
     """
     for name, data in files.items():
-        if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
-            raise ValueError(f"a submission file name must be a plain file name without '/' or '..', got {name!r}")
+        parts = name.split("/") if isinstance(name, str) else [""]
+        if any(not _NAME.match(part) or part in (".", "..") for part in parts):
+            raise ValueError(f"a submission file name must be plain file names joined by '/', got {name!r}")
         if not isinstance(data, bytes):
             raise TypeError(f"the content of {name!r} must be bytes, got {type(data).__name__}")
     folder = Path(tempfile.mkdtemp(prefix="vitlab-submission-", dir=parent))
     try:
         for name, data in files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(data)
         yield folder
     finally:

@@ -92,11 +92,22 @@ def _release_checks(notebook: dict[str, Any], path: Path) -> tuple[ReleaseCheck,
     return tuple(found)
 
 
+def shipped(folder: Path) -> list[Path]:
+    """The files a release folder ships with its notebooks: the others in it and below, not hidden."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        hidden = any(part.startswith(".") or part == "__pycache__" for part in path.relative_to(folder).parts)
+        if path.is_file() and path.suffix != ".ipynb" and not hidden:
+            found.append(path)
+    return found
+
+
 def read_release(sources: Iterable[str | Path]) -> list[Release]:
     """Every release notebook in ``sources`` (files or folders), with its checks and shipped files.
 
-    A notebook ships the other files of its folder (not notebooks, not hidden): the data a
-    student copy reads. Each graded submission gets copies of them in its own folder.
+    A notebook ships the other files of its folder and its subfolders (not notebooks, not
+    hidden): the data a student copy reads (``data/explorer_vit.pt``). Each graded
+    submission gets copies of them in its own folder, at the same paths.
 
     Raises:
         AssignmentError: no notebook, a check cell that calls no check, or too much to ship.
@@ -107,12 +118,11 @@ def read_release(sources: Iterable[str | Path]) -> list[Release]:
     for path, relative in find_notebooks(sources):
         notebook = nbformat.read(path, as_version=4)
         files, size = {}, 0
-        for other in sorted(path.parent.iterdir()):
-            if other.is_file() and other.suffix != ".ipynb" and not other.name.startswith("."):
-                size += other.stat().st_size
-                if size > SHIPPED_LIMIT:
-                    raise AssignmentError(f"{path.parent}: the release ships more than {SHIPPED_LIMIT} bytes")
-                files[other.name] = other.read_bytes()
+        for other in shipped(path.parent):
+            size += other.stat().st_size
+            if size > SHIPPED_LIMIT:
+                raise AssignmentError(f"{path.parent}: the release ships more than {SHIPPED_LIMIT} bytes")
+            files[other.relative_to(path.parent).as_posix()] = other.read_bytes()
         name = relative.with_suffix("").as_posix()
         releases.append(Release(name, path, dict(notebook), _release_checks(notebook, path), files))
     if not releases:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from vitlab_grader.exercises import (
     source,
     tags,
 )
-from vitlab_grader.release import STAMP, VERSION_STAMP
+from vitlab_grader.release import STAMP, VERSION_STAMP, shipped
 
 KEEP_TAGS = (EXERCISE, CHECK, "raises-exception")
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
@@ -113,8 +114,9 @@ def _leaks(instructor: dict[str, Any], written: str) -> list[str]:
 def make_student(sources: list[str | Path], out: str | Path, *, vitlab_ref: str | None = None) -> list[StudentCopy]:
     """Write the student copy of every notebook in ``sources`` (files or folders) under ``out``.
 
-    A folder's notebooks keep their paths relative to it. Nothing is written unless every
-    notebook is valid; a source is never overwritten. The setup cell installs vitlab at
+    A folder's notebooks keep their paths relative to it, and the files it ships
+    (:func:`vitlab_grader.release.shipped`: its data, such as ``data/``) are copied along.
+    Nothing is written unless every notebook is valid; a source is never overwritten. The setup cell installs vitlab at
     ``vitlab_ref`` (default: the tag of the running vitlab's version, ``v0.1.0``).
 
     Raises:
@@ -165,4 +167,10 @@ def make_student(sources: list[str | Path], out: str | Path, *, vitlab_ref: str 
         exercises = inspect_notebook(instructor).exercises
         count = {tag: sum(tag in tags(c) for c in instructor["cells"]) for tag in (SOLUTION, ANSWER)}
         written.append(StudentCopy(path, target, exercises, count[SOLUTION], count[ANSWER]))
+    for folder in (Path(given) for given in sources if Path(given).is_dir()):
+        for path in shipped(folder):
+            target = out / path.relative_to(folder)
+            if target.resolve() != path.resolve():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
     return written
