@@ -230,6 +230,24 @@ def test_a_too_large_file_and_an_id_collision_cost_those_files_only(run: dict[st
         assert result["exercises"][0]["score"] is None
 
 
+@pytest.mark.slow
+def test_a_timeout_after_a_dead_kernel_says_the_kernel_died(tmp_path: Path) -> None:
+    from jupyter_client.manager import AsyncKernelManager
+
+    from vitlab_grader.grade import _execute
+
+    flag = tmp_path / "ran-once"  # the first cell is quick, and slow when it runs again after the restart
+    first = f"import os, time\nif os.path.exists({str(flag)!r}):\n    time.sleep(60)\nopen({str(flag)!r}, 'w').close()"
+    notebook = nbformat.v4.new_notebook(cells=[new_code_cell(first), new_code_cell("os._exit(1)"), new_code_cell("1")])
+    run = _execute(notebook, AsyncKernelManager(kernel_name="python3"), 15, None, {2}, lambda i: f"cell {i}")
+    assert run.died == {1: "the kernel died in cell 1"} and run.restarts == 1
+    assert run.stopped == (
+        "TIMEOUT",
+        "ran past the 15 s limit after cell 1 (the kernel died in cell 1; "
+        "running the finished cells again took the time left)",
+    )
+
+
 # ---------------------------------------------------------------- the run side, without kernels
 
 

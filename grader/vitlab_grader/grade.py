@@ -374,7 +374,10 @@ def _execute(
                 # the kernel died, or does not answer: a new one, and the finished cells again
                 if not _restart_and_replay(client, notebook, run, skip | set(run.timed_out) | set(run.died), deadline):
                     if time.monotonic() >= deadline:
-                        run.stopped = ("TIMEOUT", f"ran past the {timeout:g} s limit after {describe(index)}")
+                        why = f"ran past the {timeout:g} s limit after {describe(index)}"
+                        if index in run.died:  # the time went to a new kernel and the finished cells again
+                            why += f" ({run.died[index]}; running the finished cells again took the time left)"
+                        run.stopped = ("TIMEOUT", why)
                     elif index in run.died and run.restarts >= MAX_RESTARTS:
                         run.stopped = ("ERROR", f"the kernel died in {describe(index)}, "
                                                 f"after {run.restarts} restarts")  # fmt: skip
