@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from grader_release import (
     submission,
     write,
 )
+from test_imports import imported_modules
 
 from conftest import ROOT
 from vitlab_grader import AssignmentError, make_student
@@ -110,12 +110,9 @@ def test_the_zip_has_gradescopes_layout(release: Path, tmp_path: Path) -> None:
 
 
 def _imported(code: str, top_level: bool) -> set[str]:
-    """The top-level names of the modules ``code`` imports (at its module level only, if ``top_level``)."""
-    tree = ast.parse("\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!"))))
-    nodes = tree.body if top_level else list(ast.walk(tree))
-    names = [alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names]
-    names += [node.module for node in nodes if isinstance(node, ast.ImportFrom) and node.module and not node.level]
-    return {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {"vitlab", "google"}  # Colab's
+    """The third-party packages ``code`` imports (at its module level only, if ``top_level``)."""
+    names = {name.split(".")[0] for name in imported_modules(code, top_level)}
+    return names - set(sys.stdlib_module_names) - {"vitlab", "google"}  # google: Colab's
 
 
 def test_the_container_installs_what_the_chapters_import() -> None:

@@ -178,11 +178,13 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
 # ---------------------------------------------------------------- the grader stays out of vitlab
 
 
-def grader_imports(path: Path) -> list[str]:
-    """Every ``vitlab_grader`` module that the source file ``path`` imports, at any level or by name."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def imported_modules(source: str, top_level: bool = False) -> list[str]:
+    """Every module ``source`` imports by an absolute name, in order: ``import``, ``from ... import``
+    and ``import_module``/``__import__`` calls on a literal name; at module level only if
+    ``top_level`` (a function's import is optional). A notebook cell's ``%`` and ``!`` lines are skipped."""
+    tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))))
     found = []
-    for node in ast.walk(tree):
+    for node in tree.body if top_level else ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
@@ -191,7 +193,12 @@ def grader_imports(path: Path) -> list[str]:
             argument = node.args[0] if node.args else None
             if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                 found.append(argument.value)
-    return [name for name in found if name.split(".")[0] == "vitlab_grader"]
+    return found
+
+
+def grader_imports(path: Path) -> list[str]:
+    """Every ``vitlab_grader`` module that the source file ``path`` imports, at any level or by name."""
+    return [name for name in imported_modules(path.read_text()) if name.split(".")[0] == "vitlab_grader"]
 
 
 def test_grader_imports_finds_every_form_of_import(tmp_path: Path) -> None:
