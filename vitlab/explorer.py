@@ -131,13 +131,16 @@ def shape_stepper(preset: str, steps: Sequence[str], alt_text: str) -> VegaFigur
     return VegaFigure(chart, alt_text, steps=rows)
 
 
-def trained_tiny(family: str, weights: str, epochs: int = 15, **overrides: Any) -> tuple[Any, Tensor, float]:
-    """Chapter 13's tiny ``family`` on 32 px digits, 8 test digits and its accuracy: from ``weights``, else trained."""
+def trained_tiny(
+    family: str, weights: str, epochs: int = 15, image_size: int = TINY_IMAGE_SIZE, **overrides: Any
+) -> tuple[Any, Tensor, float]:
+    """Chapter 13's tiny ``family`` on digits of ``image_size`` px, 8 test digits and its accuracy:
+    from ``weights``, else trained. A stem of stride 16 leaves 2 x 2 tokens of 32 px, 4 x 4 of 64 px."""
     preset, tiny = TINY_CONFIGS[family]
     seed_everything(0)
-    model = create_model(preset, img_size=TINY_IMAGE_SIZE, in_chans=1, num_classes=10, **(tiny | overrides))
+    model = create_model(preset, img_size=image_size, in_chans=1, num_classes=10, **(tiny | overrides))
     if not os.path.exists(weights):
-        splits, threads = load_digits(image_size=TINY_IMAGE_SIZE), torch.get_num_threads()
+        splits, threads = load_digits(image_size=image_size), torch.get_num_threads()
         train_loader, test_loader = make_loaders(splits, batch_size=128, seed=0)
         torch.set_num_threads(1)
         try:
@@ -147,7 +150,7 @@ def trained_tiny(family: str, weights: str, epochs: int = 15, **overrides: Any) 
             torch.set_num_threads(threads)
         half = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
         model.load_state_dict(half)  # measured as stored, in fp16
-        images = torch.stack([splits.test[i][0] for i in range(8)]).half()  # (8, 1, 32, 32)
+        images = torch.stack([splits.test[i][0] for i in range(8)]).half()  # (8, 1, image_size, image_size)
         os.makedirs(os.path.dirname(weights) or ".", exist_ok=True)  # Colab has no data/ folder
         torch.save({"model": half, "images": images, "accuracy": evaluate(model, test_loader)[1]}, weights)
     saved = torch.load(weights, weights_only=True)
