@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import types
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -59,10 +60,15 @@ def repository_requirement() -> str:
     return f"vitlab @ git+{repository['url']}@{repository['branch']}"
 
 
-def run_cell(code: str, monkeypatch: pytest.MonkeyPatch, on_colab: bool) -> list[tuple[list, dict]]:
-    """Execute a setup cell with ``subprocess.run`` recorded, not run; returns the calls."""
+def run_cell(
+    code: str, monkeypatch: pytest.MonkeyPatch, on_colab: bool, downloads: list | None = None
+) -> list[tuple[list, dict]]:
+    """Execute a setup cell with ``subprocess.run`` (returned) and ``urllib.request.urlretrieve``
+    (appended to ``downloads`` as ``(url, filename)``) recorded, not run."""
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: calls.append((list(args[0]), kwargs)))
+    sink = [] if downloads is None else downloads
+    monkeypatch.setattr(urllib.request, "urlretrieve", lambda url, filename: sink.append((url, filename)))
     if on_colab:
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:
@@ -100,6 +106,23 @@ def test_setup_cell_on_colab_installs_vitlab_from_the_configured_repository(
     flags = REINSTALL_FLAGS.intersection(command[4:])
     torch_specs = [spec for spec in command[4:] if requirement_name(spec) in TORCH_PACKAGES]
     assert not flags and not torch_specs, f"the cell would reinstall Colab's torch: {sorted(flags) + torch_specs}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_cell_on_colab_downloads_the_files_the_chapter_reads(
+    path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Colab opens the notebook alone: each ``data/`` file its code names comes from the repository."""
+    monkeypatch.chdir(tmp_path)  # the cell makes data/ in the working folder, as in Colab's /content
+    downloads: list = []
+    run_cell(setup_cell(path), monkeypatch, on_colab=True, downloads=downloads)
+    read = sorted(set(re.findall(r"[\"'](data/[\w.]+)[\"']", path.read_text(encoding="utf-8").replace('\\"', '"'))))
+    repository = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    raw = repository["url"].replace("https://github.com/", "https://raw.githubusercontent.com/")
+    expected = [(f"{raw}/{repository['branch']}/notebooks/{name}", name) for name in read]
+    assert sorted(downloads) == expected, f"the setup cell downloads {downloads}, the chapter reads {read}"
+    assert all((ROOT / "notebooks" / name).is_file() for name in read), "a file the chapter reads is not in data/"
+    assert (tmp_path / "data").is_dir() or not read
 
 
 def test_vitlab_accepts_any_recent_torch() -> None:
