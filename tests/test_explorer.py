@@ -78,6 +78,25 @@ def test_spec_is_valid_and_shown_as_vega_lite(cait: tuple[list, torch.Tensor], m
     assert "vegaEmbed" in figure._repr_mimebundle_()["text/html"]
 
 
+def test_the_slider_offers_only_the_tokens_a_model_has() -> None:
+    """[cls] is -1 where a model has one (DeiT's [dist] -2); LeViT has none, so its slider starts at patch 0."""
+
+    def params(node: object) -> list:
+        if isinstance(node, list):
+            return [p for item in node for p in params(item)]
+        return [*node.get("params", []), *params(list(node.values()))] if isinstance(node, dict) else []
+
+    def slider(family: str) -> dict:
+        vitlab.seed_everything(0)
+        image = torch.rand(1, 1, 32, 32)
+        spec = attention_explorer(vitlab.attention_maps(tiny_model(family).eval(), image), image[0], "x").spec
+        return next(p["bind"] for p in params(spec) if p.get("name") == "patch")
+
+    assert (slider("vit")["min"], slider("vit")["name"]) == (-1, "query patch (-1: [cls]) ")
+    assert slider("deit")["min"] == -2
+    assert (slider("levit")["min"], slider("levit")["name"]) == (0, "query patch ")
+
+
 @pytest.mark.parametrize("family, overrides", [("t2t_vit", {}), ("vit", {"patch_size": 8})])
 def test_data_is_small(family: str, overrides: dict) -> None:
     """The families with the most tokens in the book's explorers (chapters 2 and 7)."""

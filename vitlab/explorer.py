@@ -70,14 +70,14 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
     """Explorer of ``maps`` (:func:`vitlab.attention_maps` of a batch whose first image is ``image``)."""
     layers = map_layers(maps, extra)
     side, heads, S = max(grid(a.shape[1])[0] for _, a in layers), max(a.shape[0] for _, a in layers), image.shape[-1]
-    tokens = ["[cls]", "[dist]"][: max(1, *(grid(a.shape[1])[1] for _, a in layers))]  # the patches -1, -2
+    tokens = ["[cls]", "[dist]"][: max(grid(a.shape[1])[1] for _, a in layers)]  # the patches -1, -2 (LeViT: none)
     layer = alt.param(name="layer", value=len(layers) - 1, bind=alt.binding_select(
         options=list(range(len(layers))), labels=[label for label, _ in layers], name="layer "))  # fmt: skip
     head = alt.param(name="head", value=-1, bind=alt.binding_select(
         options=list(range(-1, heads)), labels=["mean", *map(str, range(heads))], name="head "))  # fmt: skip
+    extra = f"({', '.join(f'{-1 - i}: {t}' for i, t in enumerate(tokens))}) " if tokens else ""
     patch = alt.selection_point(name="patch", fields=["p"], on="click", clear=False, value=side * side // 2 + side // 2,
-        bind=alt.binding_range(min=-len(tokens), max=side * side - 1, step=1,
-        name=f"query patch ({', '.join(f'{-1 - i}: {t}' for i, t in enumerate(tokens))}) "))  # fmt: skip
+        bind=alt.binding_range(min=-len(tokens), max=side * side - 1, step=1, name=f"query patch {extra}"))  # fmt: skip
     x = alt.X("x0:Q", scale=alt.Scale(domain=[0, S]), axis=None)
     y = alt.Y("y0:Q", scale=alt.Scale(domain=[0, S], reverse=True), axis=None)
     pixels = [{"x0": j, "x1": j + 1, "y0": i, "y1": i + 1, "g": round(float(g), 2)}
