@@ -75,9 +75,9 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
         options=list(range(len(layers))), labels=[label for label, _ in layers], name="layer "))  # fmt: skip
     head = alt.param(name="head", value=-1, bind=alt.binding_select(
         options=list(range(-1, heads)), labels=["mean", *map(str, range(heads))], name="head "))  # fmt: skip
-    extra = f"({', '.join(f'{-1 - i}: {t}' for i, t in enumerate(tokens))}) " if tokens else ""
+    named = f"({', '.join(f'{-1 - i}: {t}' for i, t in enumerate(tokens))}) " if tokens else ""
     patch = alt.selection_point(name="patch", fields=["p"], on="click", clear=False, value=side * side // 2 + side // 2,
-        bind=alt.binding_range(min=-len(tokens), max=side * side - 1, step=1, name=f"query patch {extra}"))  # fmt: skip
+        bind=alt.binding_range(min=-len(tokens), max=side * side - 1, step=1, name=f"query patch {named}"))  # fmt: skip
     x = alt.X("x0:Q", scale=alt.Scale(domain=[0, S]), axis=None)
     y = alt.Y("y0:Q", scale=alt.Scale(domain=[0, S], reverse=True), axis=None)
     pixels = [{"x0": j, "x1": j + 1, "y0": i, "y1": i + 1, "g": round(float(g), 2)}
