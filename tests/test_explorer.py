@@ -78,6 +78,13 @@ def test_spec_is_valid_and_shown_as_vega_lite(cait: tuple[list, torch.Tensor], m
     assert "vegaEmbed" in figure._repr_mimebundle_()["text/html"]
 
 
+def test_the_colour_scale_starts_at_zero(cait: tuple[list, torch.Tensor]) -> None:
+    """A near-uniform row (CrossViT's fusion: 0.058 to 0.059) must not be stretched over the whole colour range."""
+    maps, images = cait
+    keys = attention_explorer(maps, images[0], "x").spec["hconcat"][1]
+    assert keys["encoding"]["color"]["scale"]["zero"] is True
+
+
 def test_the_slider_offers_only_the_tokens_a_model_has() -> None:
     """[cls] is -1 where a model has one (DeiT's [dist] -2); LeViT has none, so its slider starts at patch 0."""
 

@@ -99,6 +99,7 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
           "x1": "datum.kk < 0 ? (datum.k + 0.9) * {S} / 4 : (datum.c + 1) * {S} / datum.ks",
           "y0": "datum.kk < 0 ? 1.05 * {S} : datum.r * {S} / datum.ks",
           "y1": "datum.kk < 0 ? 1.2 * {S} : (datum.r + 1) * {S} / datum.ks"}  # fmt: skip
+    # The colour scale starts at 0: a near-uniform row looks uniform, not stretched over 0.058 to 0.059.
     keys = (alt.Chart(alt.NamedData("rows"), name="keys")
         .transform_filter("datum.l == layer && datum.h == (head < datum.n && datum.n > 1 ? head : -1)")
         .transform_calculate(t=target).transform_filter("datum.q == datum.t")
@@ -107,7 +108,7 @@ def attention_explorer(maps: Sequence[AttentionMap], image: Tensor, alt_text: st
         .transform_calculate(r="floor(datum.kk / datum.ks)", c="datum.kk % datum.ks")
         .transform_calculate(**{name: e.format(S=S) for name, e in xy.items()})
         .mark_rect().encode(x=x, x2="x1", y=alt.Y("y0:Q", scale=alt.Scale(domain=[0, 1.2 * S], reverse=True),
-        axis=None), y2="y1", color=alt.Color("v:Q", scale=alt.Scale(scheme="viridis"), title=None,
+        axis=None), y2="y1", color=alt.Color("v:Q", scale=alt.Scale(scheme="viridis", zero=True), title=None,
         legend=alt.Legend(orient="bottom", gradientLength=SIZE - 20)), tooltip=["k:Q", "v:Q"])
         .properties(width=SIZE, height=round(1.2 * SIZE), title="its attention over the keys"))  # fmt: skip
     chart = alt.hconcat((img + picks).properties(width=SIZE, height=SIZE, title="query patch"), keys).add_params(
