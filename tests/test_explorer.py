@@ -104,13 +104,14 @@ def test_the_slider_offers_only_the_tokens_a_model_has() -> None:
     assert (slider("levit")["min"], slider("levit")["name"]) == (0, "query patch ")
 
 
-@pytest.mark.parametrize("family, overrides", [("t2t_vit", {}), ("vit", {"patch_size": 8})])
-def test_data_is_small(family: str, overrides: dict) -> None:
-    """The families with the most tokens in the book's explorers (chapters 2 and 7)."""
+@pytest.mark.parametrize("family, overrides, size", [("t2t_vit", {}, 32), ("vit", {"patch_size": 8}, 32),
+                                                     ("deepvit", {}, 64), ("levit", {}, 64)])  # fmt: skip
+def test_data_is_small(family: str, overrides: dict, size: int) -> None:
+    """The book's largest explorers: the most tokens (chapters 2 and 7), the most pixels (64 px, chapters 5 and 10)."""
     vitlab.seed_everything(0)
-    model = vitlab.create_model(vitlab.family.TINY_CONFIGS[family][0], img_size=32, in_chans=1,
+    model = vitlab.create_model(vitlab.family.TINY_CONFIGS[family][0], img_size=size, in_chans=1,
                                 **(vitlab.family.TINY_CONFIGS[family][1] | overrides)).eval()  # fmt: skip
-    image = torch.rand(1, 1, 32, 32)
+    image = torch.rand(1, 1, size, size)
     spec = attention_explorer(vitlab.attention_maps(model, image), image[0], "x").spec
     assert 20_000 < len(json.dumps(spec).encode()) <= MAX_BYTES
 
