@@ -620,7 +620,9 @@ if "google.colab" in sys.modules:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "vitlab @ git+https://github.com/vitlab-course/vit-lab@main"],
         check=True,
-    )"""  # the chapters' Colab setup cell
+    )
+    repository = "https://raw.githubusercontent.com/vitlab-course/vit-lab/main"
+    urllib.request.urlretrieve(f"{repository}/notebooks/data/x.pt", "data/x.pt")"""  # the chapters' Colab setup cell
 
 
 def test_student_writes_the_secret_outside_the_release_and_pins_vitlab(tmp_path: Path) -> None:
@@ -644,6 +646,8 @@ def test_student_writes_the_secret_outside_the_release_and_pins_vitlab(tmp_path:
     assert not (out / "hidden.key").exists()
     copy = nbformat.read(out / "ch.ipynb", as_version=4)
     assert f"vit-lab@v{vitlab.__version__}" in copy.cells[0].source and "@main" not in copy.cells[0].source
+    assert f'vitlab-course/vit-lab/v{vitlab.__version__}"' in copy.cells[0].source  # its data, of the same version
+    assert "/main" not in copy.cells[0].source
     assert copy.metadata["vitlab"]["vitlab"] == vitlab.__version__
 
 

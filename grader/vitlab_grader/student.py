@@ -11,8 +11,9 @@ or ``answer``, all outputs and execution counts, every other cell metadata
 (``metadata.vitlab.release``, e.g. ``"09_pit"``), which the grader uses to match a
 submission whose file name does not say which notebook it is, and with the vitlab version
 it was made with (``metadata.vitlab.vitlab``); the Colab setup cell's
-``vitlab @ git+https://...@main`` is pinned to that version's tag (``@v0.1.0``, or another
-ref), so the checks a student runs are the ones the release was made with.
+``vitlab @ git+https://...@main`` and the data it downloads are pinned to that version's tag
+(``@v0.1.0``, or another ref), so the checks a student runs are the ones the release was
+made with.
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ from vitlab_grader.release import STAMP, VERSION_STAMP, shipped
 KEEP_TAGS = (EXERCISE, CHECK, "raises-exception")
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info")
 _VITLAB_INSTALL = re.compile(r"(vitlab(?:\[[\w,]*\])? @ git\+[^@\s\"']+)@[^\s\"']+")  # pip's "vitlab @ git+URL@ref"
+_RAW_FILES = re.compile(r"(https://raw\.githubusercontent\.com/[^/\s\"']+/[^/\s\"']+)/[^/\s\"']+")  # .../owner/repo/ref
 
 
 def pin_setup(text: str, ref: str) -> str:
-    """``text`` with every ``vitlab @ git+URL@ref`` pip requirement pinned to ``ref``."""
-    return _VITLAB_INSTALL.sub(lambda m: f"{m.group(1)}@{ref}", text)
+    """``text`` with every ``vitlab @ git+URL@ref`` pip requirement, and the repository's raw
+    files it downloads (``data/``), pinned to ``ref``: the data of the vitlab it installs."""
+    text = _VITLAB_INSTALL.sub(lambda m: f"{m.group(1)}@{ref}", text)
+    return _RAW_FILES.sub(lambda m: f"{m.group(1)}/{ref}", text)
 
 
 @dataclass(frozen=True)
