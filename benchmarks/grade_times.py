@@ -89,16 +89,24 @@ def graded(path: Path, release: Path, sandbox: bool) -> tuple[float, str, float]
     return seconds, result.sandbox, result.score
 
 
+def release_copy(instructor: Path, folder: Path) -> Path:
+    """The student copies of the chapter's whole folder in ``folder/release`` (its ``data/`` along, as an
+    instructor makes them); the chapter's copy. ``folder/data`` links to it: the plain run, in ``folder``, reads it."""
+    from vitlab_grader import make_student
+
+    copies = make_student([instructor.parent], folder / "release")
+    (folder / "data").symlink_to(folder / "release" / "data")
+    return next(c.target for c in copies if c.source == instructor)
+
+
 def grade_class(instructor: Path, students: int, jobs: int, folder: Path) -> None:
     """Grade ``students`` copies of the solved chapter in one run; print the times (the module's docstring)."""
     from vitlab_grader.__main__ import main as grader
+    from vitlab_grader.release import write_secret
 
     key = folder / "hidden.key"
-    with contextlib.redirect_stdout(io.StringIO()):  # the whole folder, as an instructor does: its data/ too
-        grader(["student", str(instructor.parent), "--out", str(folder / "release"), "--secret", str(key)])
-    copy = folder / "release" / instructor.name
-    (folder / "data").symlink_to(folder / "release" / "data")  # the plain run reads it too
-    solved = solved_copy(instructor, copy, folder / "solved.ipynb")
+    write_secret(key)
+    solved = solved_copy(instructor, release_copy(instructor, folder), folder / "solved.ipynb")
     subs = folder / "submissions"
     subs.mkdir()
     for number in range(students):
@@ -130,8 +138,6 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="with --class: notebooks graded at the same time")
     args = parser.parse_args()
 
-    from vitlab_grader import make_student
-
     if args.students:
         with tempfile.TemporaryDirectory() as folder:
             grade_class(Path(args.notebooks[0]).resolve(), args.students, args.jobs, Path(folder))
@@ -144,16 +150,14 @@ def main() -> None:
     for name in args.notebooks:
         instructor = Path(name).resolve()
         with tempfile.TemporaryDirectory() as folder:
-            copies = make_student([instructor.parent], Path(folder) / "release")  # with its data/, as in class
-            copy = next(c for c in copies if c.source == instructor)
-            (Path(folder) / "data").symlink_to(Path(folder) / "release" / "data")  # the plain run reads it too
-            submission = solved_copy(instructor, copy.target, Path(folder) / f"s1_{instructor.name}")
+            copy = release_copy(instructor, Path(folder))
+            submission = solved_copy(instructor, copy, Path(folder) / f"s1_{instructor.name}")
             plain, sandboxed, unsandboxed, used = [], [], [], ""
             for _ in range(args.repeats):
                 plain.append(plain_run(submission))
-                seconds, used, _ = graded(submission, copy.target, sandbox=True)
+                seconds, used, _ = graded(submission, copy, sandbox=True)
                 sandboxed.append(seconds)
-                unsandboxed.append(graded(submission, copy.target, sandbox=False)[0])
+                unsandboxed.append(graded(submission, copy, sandbox=False)[0])
         p, s, u = (statistics.median(x) for x in (plain, sandboxed, unsandboxed))
         print(f"| {instructor.name} | {p:.1f} | {s:.1f} ({used}) | {s / p:.2f} | {u:.1f} | {u / p:.2f} |", flush=True)
 
